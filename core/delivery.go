@@ -1,0 +1,239 @@
+package core
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/jmoiron/sqlx/reflectx"
+)
+
+// Handler processes one delivery. A nil error completes the row; an error
+// (or a panic) returns it for another attempt, or moves it to the dead state
+// after the table's last attempt. ctx is cancelled when the delivery's hold
+// on the row is lost (a lease that could not be renewed) or when the
+// subscription stops without time to finish.
+type Handler func(ctx context.Context, d *Delivery) error
+
+var mapper = reflectx.NewMapperFunc("db", strings.ToLower)
+
+// Delivery is one claimed row handed to a handler.
+type Delivery struct {
+	id      any
+	attempt int
+	key     string
+	cols    []string
+	vals    []any
+
+	tx       *sqlx.Tx
+	txOnce   sync.Once
+	txErr    error
+	txMarked bool
+	savepoint func(*sqlx.Tx) error
+}
+
+// NewDelivery builds a delivery from a claimed row. Forms call it; attempt is
+// the attempt as it stood before the claim.
+func NewDelivery(id any, attempt int, key string, cols []string, vals []any) *Delivery {
+	return &Delivery{id: id, attempt: attempt, key: key, cols: cols, vals: vals}
+}
+
+// WithTx attaches the row-lock transaction. savepoint is run once, when the
+// handler first asks for the transaction, so a failed handler's writes can be
+// rolled back while the attempt is still counted in the same commit.
+func (d *Delivery) WithTx(tx *sqlx.Tx, savepoint func(*sqlx.Tx) error) {
+	d.tx, d.savepoint = tx, savepoint
+}
+
+// TxUsed reports whether the handler asked for the transaction.
+func (d *Delivery) TxUsed() bool { return d.txMarked }
+
+// ID returns the row's primary key as the driver returned it.
+func (d *Delivery) ID() any { return d.id }
+
+// Attempt returns the attempt this delivery is: 1 for the first delivery in
+// every form.
+func (d *Delivery) Attempt() int { return d.attempt }
+
+// Key returns the advisory key held for the delivery ("" in other forms).
+func (d *Delivery) Key() string { return d.key }
+
+// Columns returns the row's column names.
+func (d *Delivery) Columns() []string { return d.cols }
+
+// Value returns a column's value as the driver returned it.
+func (d *Delivery) Value(col string) (any, bool) {
+	for i, c := range d.cols {
+		if strings.EqualFold(c, col) {
+			return d.vals[i], true
+		}
+	}
+	return nil, false
+}
+
+// Tx returns the delivery's open transaction in the row-lock form: writes
+// through it commit together with the row's outcome, and are rolled back if
+// the handler fails. Other forms return ErrNoTx.
+func (d *Delivery) Tx() (*sqlx.Tx, error) {
+	if d.tx == nil {
+		return nil, ErrNoTx
+	}
+	d.txOnce.Do(func() {
+		d.txMarked = true
+		if d.savepoint != nil {
+			d.txErr = d.savepoint(d.tx)
+		}
+	})
+	if d.txErr != nil {
+		return nil, d.txErr
+	}
+	return d.tx, nil
+}
+
+// Scan copies the row into dest, a pointer to a struct whose fields carry
+// sqlx `db` tags (untagged fields match their lower-cased name). Columns
+// without a field are ignored.
+func (d *Delivery) Scan(dest any) error {
+	v := reflect.ValueOf(dest)
+	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
+		return fmt.Errorf("sqlxbroker: Scan needs a non-nil pointer to a struct, got %T", dest)
+	}
+	fields := mapper.TraversalsByName(v.Type().Elem(), d.cols)
+	for i, trav := range fields {
+		if len(trav) == 0 {
+			continue
+		}
+		f := reflectx.FieldByIndexes(v.Elem(), trav)
+		if err := assign(f, d.vals[i]); err != nil {
+			return fmt.Errorf("sqlxbroker: Scan column %q into %s: %w", d.cols[i], f.Type(), err)
+		}
+	}
+	return nil
+}
+
+var scannerType = reflect.TypeFor[sql.Scanner]()
+
+// assign converts a driver value into f, as database/sql would.
+func assign(f reflect.Value, src any) error {
+	if f.Addr().Type().Implements(scannerType) {
+		return f.Addr().Interface().(sql.Scanner).Scan(src)
+	}
+	if src == nil {
+		switch f.Kind() {
+		case reflect.Pointer, reflect.Interface, reflect.Slice, reflect.Map:
+			f.Set(reflect.Zero(f.Type()))
+			return nil
+		}
+		return fmt.Errorf("NULL into a non-nullable field (use a pointer or sql.Null*)")
+	}
+	if f.Kind() == reflect.Pointer {
+		n := reflect.New(f.Type().Elem())
+		if err := assign(n.Elem(), src); err != nil {
+			return err
+		}
+		f.Set(n)
+		return nil
+	}
+	if f.Kind() == reflect.Interface {
+		f.Set(reflect.ValueOf(src))
+		return nil
+	}
+	sv := reflect.ValueOf(src)
+	if sv.Type().AssignableTo(f.Type()) {
+		f.Set(sv)
+		return nil
+	}
+	text := func() (string, bool) {
+		switch s := src.(type) {
+		case string:
+			return s, true
+		case []byte:
+			return string(s), true
+		}
+		return "", false
+	}
+	switch f.Kind() {
+	case reflect.String:
+		if s, ok := text(); ok {
+			f.SetString(s)
+			return nil
+		}
+		f.SetString(fmt.Sprint(src))
+		return nil
+	case reflect.Slice:
+		if f.Type().Elem().Kind() == reflect.Uint8 {
+			if s, ok := text(); ok {
+				f.SetBytes([]byte(s))
+				return nil
+			}
+		}
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		if f.Type() == reflect.TypeFor[time.Duration]() {
+			break
+		}
+		s := fmt.Sprint(src)
+		if t, ok := text(); ok {
+			s = t
+		}
+		n, err := strconv.ParseInt(s, 10, f.Type().Bits())
+		if err != nil {
+			return err
+		}
+		f.SetInt(n)
+		return nil
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		s := fmt.Sprint(src)
+		if t, ok := text(); ok {
+			s = t
+		}
+		n, err := strconv.ParseUint(s, 10, f.Type().Bits())
+		if err != nil {
+			return err
+		}
+		f.SetUint(n)
+		return nil
+	case reflect.Float32, reflect.Float64:
+		s := fmt.Sprint(src)
+		if t, ok := text(); ok {
+			s = t
+		}
+		n, err := strconv.ParseFloat(s, f.Type().Bits())
+		if err != nil {
+			return err
+		}
+		f.SetFloat(n)
+		return nil
+	case reflect.Bool:
+		switch b := src.(type) {
+		case int64:
+			f.SetBool(b != 0)
+			return nil
+		}
+		if s, ok := text(); ok {
+			b, err := strconv.ParseBool(s)
+			if err != nil {
+				return err
+			}
+			f.SetBool(b)
+			return nil
+		}
+	case reflect.Struct:
+		if f.Type() == reflect.TypeFor[time.Time]() {
+			if s, ok := text(); ok {
+				for _, layout := range []string{"2006-01-02 15:04:05.999999999Z07:00", "2006-01-02 15:04:05.999999999", time.RFC3339Nano} {
+					if t, err := time.Parse(layout, s); err == nil {
+						f.Set(reflect.ValueOf(t))
+						return nil
+					}
+				}
+			}
+		}
+	}
+	return fmt.Errorf("cannot convert %T", src)
+}

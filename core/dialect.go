@@ -1,0 +1,232 @@
+package core
+
+import (
+	"context"
+	"database/sql"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// Dialect speaks one database family's SQL. The required interface is small;
+// every claim form and extra ability is an optional capability interface
+// below, discovered in one place (CapabilitiesOf). A dialect that lacks the
+// capability a table's form needs makes Subscribe fail with a *FormError
+// (ErrFormUnavailable), never a panic.
+//
+// Implementing a dialect (see docs/implementing-a-dialect.md):
+//
+//  1. Implement Dialect and the capabilities your database offers.
+//  2. Register it in init() with sqlxbroker.Register under the database/sql
+//     driver name(s) it serves.
+//  3. Call conformance.Run from a test of your package with a Target that
+//     opens your database; pass it before calling the dialect production
+//     ready.
+//
+// Methods of a Dialect are called from many goroutines at once.
+type Dialect interface {
+	// Name is a human name for messages, e.g. "PostgreSQL".
+	Name() string
+
+	// QuoteIdent quotes one identifier that CheckIdent accepted, e.g.
+	// `"jobs"` or "`jobs`". It must not fail.
+	QuoteIdent(ident string) string
+
+	// BindType is the sqlx bind type of the driver (sqlx.DOLLAR,
+	// sqlx.QUESTION, ...). Statements are written with '?' and rebound.
+	BindType() int
+
+	// EncodeTime turns a host time (UTC, truncated to microseconds) into
+	// the argument that the dialect's timestamp columns store and compare
+	// exactly: a lease deadline written by EncodeTime must compare equal
+	// to the same EncodeTime value in a later statement on any session.
+	EncodeTime(t time.Time) any
+
+	// Features reports which optional SQL syntax generic statements may use.
+	Features() Features
+}
+
+// Features are SQL syntax facts about a dialect.
+type Features struct {
+	// DeleteReturning: DELETE .. RETURNING <columns> is supported.
+	DeleteReturning bool
+	// UpdateReturning: UPDATE .. RETURNING <columns> is supported.
+	UpdateReturning bool
+	// SingleWriter: the database runs one write transaction at a time
+	// (SQLite), so every claim statement sees the last committed claim and
+	// FIFO tables need no GroupGuard.
+	SingleWriter bool
+}
+
+// RowLocker is the capability of the RowLock form: the database locks the
+// rows a SELECT returns until the transaction ends, and a concurrent locking
+// SELECT skips them instead of waiting.
+type RowLocker interface {
+	// SkipLocked returns the clause appended to a SELECT to lock its rows
+	// and skip rows that others hold, e.g. "FOR UPDATE SKIP LOCKED".
+	SkipLocked() string
+	// ClaimIsolation is the isolation level of claim transactions when the
+	// table description gives none (sql.LevelDefault: the server's own).
+	ClaimIsolation() sql.IsolationLevel
+}
+
+// LeaseClaimParams is the input of Leaser.ClaimLeases.
+type LeaseClaimParams struct {
+	Plan *Plan
+	// Where is the claimable condition over the table aliased as Plan.Alias
+	// ("c"), with '?' placeholders bound by Args. It already includes the
+	// lease check (lease column NULL or not after now) and, for a FIFO
+	// table, the group-head condition.
+	Where string
+	Args  []any
+	// Limit is the most rows to claim (at least 1).
+	Limit int
+	// Deadline is the encoded new lease deadline (EncodeTime).
+	Deadline any
+}
+
+// Leaser is the capability of the Lease form.
+type Leaser interface {
+	// ClaimLeases claims up to p.Limit claimable rows in the open claim
+	// transaction tx, ordered by the plan's order column, skipping rows that
+	// other transactions hold, and returns them with every column: for each
+	// row it sets the lease column to p.Deadline and adds 1 to the attempt
+	// column, and the returned attempt is the incremented value. No row may
+	// be returned twice, and no row may be claimed by two concurrent calls.
+	// Zero rows is not an error.
+	ClaimLeases(ctx context.Context, tx *sqlx.Tx, p *LeaseClaimParams) (*sqlx.Rows, error)
+}
+
+// AdvisoryLocker is the capability of the Advisory form.
+type AdvisoryLocker interface {
+	// TryAdvisoryLock tries to take the lock on key for the session of
+	// conn, without waiting. It returns false, nil when another session
+	// holds the key. The lock is the database's, not the table's: equal
+	// keys from two tables exclude each other. Any key string must work,
+	// whatever its length or content.
+	TryAdvisoryLock(ctx context.Context, conn *sqlx.Conn, key string) (bool, error)
+	// AdvisoryUnlock releases a lock taken by TryAdvisoryLock on the same
+	// conn. Releasing a key not held is not an error.
+	AdvisoryUnlock(ctx context.Context, conn *sqlx.Conn, key string) error
+}
+
+// AdvisoryAttacher is an optional capability of an AdvisoryLocker whose keys
+// are not held by the database server (SQLite keeps them in the process).
+// AttachAdvisory is called when an advisory subscription starts; it must fail
+// with ErrAdvisoryConflict when another process could hold keys of the same
+// database. The returned release is called when the subscription stops.
+type AdvisoryAttacher interface {
+	AttachAdvisory(ctx context.Context, db *sqlx.DB) (release func() error, err error)
+}
+
+// GroupGuardParams is the input of GroupGuard.GuardGroup.
+type GroupGuardParams struct {
+	Plan  *Plan
+	Group any // the group value of the head row about to be claimed
+}
+
+// GroupGuard is the capability that keeps a FIFO group's order across
+// brokers: it locks the group inside the claim transaction.
+type GroupGuard interface {
+	// GuardGroup locks group p.Group of the table for the rest of tx,
+	// without waiting: false, nil means another transaction holds it and
+	// the claim must skip the group. A dialect without GroupGuard must
+	// report Features.SingleWriter to offer FIFO tables.
+	GuardGroup(ctx context.Context, tx *sqlx.Tx, p *GroupGuardParams) (bool, error)
+}
+
+// ServerChecker is an optional capability: CheckServer is called once when a
+// subscription starts and fails with a *VersionError (ErrServerTooOld) when
+// the server is too old for form, or with another clear error when the
+// connection cannot work (a DSN option the dialect cannot live with).
+type ServerChecker interface {
+	CheckServer(ctx context.Context, db *sqlx.DB, form Form) error
+}
+
+// ClaimBeginner is an optional capability: BeginClaim opens claim
+// transactions (SQLite opens them IMMEDIATE). Without it the forms call
+// db.BeginTxx with the claim isolation.
+type ClaimBeginner interface {
+	BeginClaim(ctx context.Context, db *sqlx.DB, opts *sql.TxOptions) (*sqlx.Tx, error)
+}
+
+// Waker is an optional capability: subscribers are woken when rows arrive,
+// so they claim at once rather than on the next poll.
+type Waker interface {
+	// WakeStatement returns a statement (and args) that Publish runs in the
+	// publishing transaction to wake the table's listeners; "" for none.
+	WakeStatement(p *Plan) (string, []any)
+	// Listen returns a channel that receives after rows arrive in the
+	// table. The channel is closed when ctx ends. An error means the
+	// subscription polls only.
+	Listen(ctx context.Context, db *sqlx.DB, p *Plan) (<-chan struct{}, error)
+}
+
+// DDLParams is the input of TableCreator.CreateTable.
+type DDLParams struct {
+	Plan *Plan
+	// Payload lists extra columns as name and portable type: "text",
+	// "bigint", "int", "bool", "timestamp", "bytes".
+	Payload [][2]string
+}
+
+// TableCreator is an optional capability: CreateTable returns the
+// statements that create the recommended table and indexes.
+type TableCreator interface {
+	CreateTable(p *DDLParams) ([]string, error)
+}
+
+// Capabilities are a dialect's optional interfaces, found once. A nil field
+// is a capability the dialect lacks.
+type Capabilities struct {
+	RowLocker        RowLocker
+	Leaser           Leaser
+	AdvisoryLocker   AdvisoryLocker
+	AdvisoryAttacher AdvisoryAttacher
+	GroupGuard       GroupGuard
+	ServerChecker    ServerChecker
+	ClaimBeginner    ClaimBeginner
+	Waker            Waker
+	TableCreator     TableCreator
+}
+
+// CapabilitiesOf discovers d's capabilities. This is the one place the
+// library asserts them.
+func CapabilitiesOf(d Dialect) Capabilities {
+	var c Capabilities
+	c.RowLocker, _ = d.(RowLocker)
+	c.Leaser, _ = d.(Leaser)
+	c.AdvisoryLocker, _ = d.(AdvisoryLocker)
+	c.AdvisoryAttacher, _ = d.(AdvisoryAttacher)
+	c.GroupGuard, _ = d.(GroupGuard)
+	c.ServerChecker, _ = d.(ServerChecker)
+	c.ClaimBeginner, _ = d.(ClaimBeginner)
+	c.Waker, _ = d.(Waker)
+	c.TableCreator, _ = d.(TableCreator)
+	return c
+}
+
+// Offers reports whether the capabilities include form's.
+func (c Capabilities) Offers(f Form) bool {
+	switch f {
+	case RowLock:
+		return c.RowLocker != nil
+	case Lease:
+		return c.Leaser != nil
+	case Advisory:
+		return c.AdvisoryLocker != nil
+	}
+	return false
+}
+
+// FormsOf lists the forms d offers.
+func FormsOf(d Dialect) []Form {
+	c := CapabilitiesOf(d)
+	var out []Form
+	for _, f := range Forms {
+		if c.Offers(f) {
+			out = append(out, f)
+		}
+	}
+	return out
+}

@@ -1,0 +1,341 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// SubscribeParams tunes a subscription. The zero value is usable.
+type SubscribeParams struct {
+	// Concurrency is the most handlers running at once; default 10.
+	Concurrency int
+	// BatchSize is the most rows one claim takes; default Concurrency.
+	BatchSize int
+	// PollInterval is the longest wait between claims while the table is
+	// idle; default 1s. Idle waits double from MinPollInterval up to it,
+	// and a wake-up (Waker, Subscription.Wake) cuts them short.
+	PollInterval time.Duration
+	// MinPollInterval is the first idle wait; default 10ms.
+	MinPollInterval time.Duration
+	// RetryDelay gives the delay before attempt+1 after attempt failed,
+	// applied where the table has a ReadyAt column; default 1s doubling
+	// per attempt up to 10 minutes.
+	RetryDelay func(attempt int) time.Duration
+	// CompleteTimeout bounds one completion; default 30s.
+	CompleteTimeout time.Duration
+	// Wake, when set, makes the subscription claim at once on each receive.
+	Wake <-chan struct{}
+	// OnOutcome, when set, is called after each completion with the
+	// outcome asked for and the completion's error (nil when recorded).
+	OnOutcome func(d *Delivery, o Outcome, err error)
+	// Logger receives claim and completion errors; default slog.Default().
+	Logger *slog.Logger
+}
+
+func (p *SubscribeParams) defaults() error {
+	if p.Concurrency < 0 || p.BatchSize < 0 || p.PollInterval < 0 || p.MinPollInterval < 0 {
+		return fmt.Errorf("sqlxbroker: SubscribeParams: negative Concurrency, BatchSize or poll interval")
+	}
+	if p.Concurrency == 0 {
+		p.Concurrency = 10
+	}
+	if p.BatchSize == 0 || p.BatchSize > p.Concurrency {
+		p.BatchSize = p.Concurrency
+	}
+	if p.PollInterval == 0 {
+		p.PollInterval = time.Second
+	}
+	if p.MinPollInterval == 0 {
+		p.MinPollInterval = 10 * time.Millisecond
+	}
+	if p.MinPollInterval > p.PollInterval {
+		p.MinPollInterval = p.PollInterval
+	}
+	if p.RetryDelay == nil {
+		p.RetryDelay = DefaultRetryDelay
+	}
+	if p.CompleteTimeout == 0 {
+		p.CompleteTimeout = 30 * time.Second
+	}
+	if p.Logger == nil {
+		p.Logger = slog.Default()
+	}
+	return nil
+}
+
+// DefaultRetryDelay is 1s after the first attempt, doubling up to 10 minutes.
+func DefaultRetryDelay(attempt int) time.Duration {
+	if attempt < 1 {
+		attempt = 1
+	}
+	if attempt > 10 {
+		return 10 * time.Minute
+	}
+	d := time.Second << (attempt - 1)
+	return min(d, 10*time.Minute)
+}
+
+// Stats counts what a subscription did.
+type Stats struct {
+	Claimed        int64 // deliveries handed to handlers
+	Succeeded      int64 // completed rows
+	Retried        int64 // rows returned for another attempt
+	Dead           int64 // rows moved to the dead state
+	Released       int64 // rows given back at stop
+	LeaseLost      int64 // completions that found the hold lost
+	ClaimErrors    int64 // failed claims
+	CompleteErrors int64 // completions that failed otherwise
+	Panics         int64 // handler panics (counted as failures too)
+}
+
+// Subscription runs a handler for the rows a claim form claims.
+type Subscription struct {
+	form ClaimForm
+	h    Handler
+	p    SubscribeParams
+	log  *slog.Logger
+
+	stopClaims context.CancelFunc // ends the claim loop
+	claimCtx   context.Context
+	hardCtx    context.Context // handler contexts derive from it
+	hardCancel context.CancelFunc
+
+	wake     chan struct{}
+	freed    chan struct{}
+	inflight atomic.Int64
+	handlers sync.WaitGroup
+	loopDone chan struct{}
+	done     chan struct{}
+	stopOnce sync.Once
+	stopErr  error
+
+	claimed, succeeded, retried, dead, released, lost atomic.Int64
+	claimErrs, completeErrs, panics                  atomic.Int64
+}
+
+// Subscribe starts form (Form.Start) and runs h for every row it claims
+// until Stop, or until ctx ends (which stops it as Stop does, letting work in
+// progress finish).
+func Subscribe(ctx context.Context, form ClaimForm, h Handler, p SubscribeParams) (*Subscription, error) {
+	if h == nil {
+		return nil, errors.New("sqlxbroker: Subscribe: nil handler")
+	}
+	if err := p.defaults(); err != nil {
+		return nil, err
+	}
+	if err := form.Start(ctx); err != nil {
+		return nil, err
+	}
+	s := &Subscription{form: form, h: h, p: p, log: p.Logger,
+		wake: make(chan struct{}, 1), freed: make(chan struct{}, 1),
+		loopDone: make(chan struct{}), done: make(chan struct{})}
+	s.claimCtx, s.stopClaims = context.WithCancel(context.Background())
+	s.hardCtx, s.hardCancel = context.WithCancel(context.Background())
+	go s.loop()
+	go func() {
+		select {
+		case <-ctx.Done():
+			_ = s.Stop(context.Background())
+		case <-s.done:
+		}
+	}()
+	return s, nil
+}
+
+// Wake makes an idle subscription claim at once.
+func (s *Subscription) Wake() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Done is closed once the subscription has stopped.
+func (s *Subscription) Done() <-chan struct{} { return s.done }
+
+// Stats returns the counts so far.
+func (s *Subscription) Stats() Stats {
+	return Stats{Claimed: s.claimed.Load(), Succeeded: s.succeeded.Load(), Retried: s.retried.Load(),
+		Dead: s.dead.Load(), Released: s.released.Load(), LeaseLost: s.lost.Load(),
+		ClaimErrors: s.claimErrs.Load(), CompleteErrors: s.completeErrs.Load(), Panics: s.panics.Load()}
+}
+
+// InFlight is the number of deliveries whose handler or completion runs.
+func (s *Subscription) InFlight() int { return int(s.inflight.Load()) }
+
+// Stop stops claiming and waits for the handlers in work to finish and their
+// outcomes to be recorded. When ctx ends first, the handlers' contexts are
+// cancelled; a handler that then returns an error has its row released
+// rather than failed, and Stop waits for every completion before it returns
+// ctx's error. Nothing in work is dropped: each row is completed, released,
+// or left to the form's own recovery (rollback, lease expiry, session end).
+func (s *Subscription) Stop(ctx context.Context) error {
+	s.stopOnce.Do(func() {
+		s.stopClaims()
+		<-s.loopDone
+		finished := make(chan struct{})
+		go func() { s.handlers.Wait(); close(finished) }()
+		select {
+		case <-finished:
+		case <-ctx.Done():
+			s.stopErr = ctx.Err()
+			s.hardCancel()
+			<-finished
+		}
+		s.hardCancel()
+		if err := s.form.Close(); err != nil && s.stopErr == nil {
+			s.stopErr = err
+		}
+		close(s.done)
+	})
+	<-s.done
+	return s.stopErr
+}
+
+func (s *Subscription) loop() {
+	defer close(s.loopDone)
+	idle := s.p.MinPollInterval
+	for s.claimCtx.Err() == nil {
+		free := s.p.Concurrency - int(s.inflight.Load())
+		// Claim in batches: wait for half a batch of free slots while work
+		// is in flight, so claims are not made one row at a time.
+		if free < 1 || (free < (s.p.BatchSize+1)/2 && s.inflight.Load() > 0) {
+			select {
+			case <-s.freed:
+			case <-s.claimCtx.Done():
+			}
+			continue
+		}
+		n := min(free, s.p.BatchSize)
+		claims, err := s.form.Claim(s.claimCtx, n)
+		for _, c := range claims {
+			s.start(c)
+		}
+		if err != nil && s.claimCtx.Err() == nil {
+			s.claimErrs.Add(1)
+			s.log.Error("sqlxbroker: claim failed", "table", s.form.Plan().Table.Name, "form", s.form.Form().String(), "err", err)
+			s.sleep(idle, nil)
+			idle = min(idle*2, s.p.PollInterval)
+			continue
+		}
+		switch {
+		case len(claims) == n:
+			idle = s.p.MinPollInterval
+		case len(claims) > 0:
+			// Fewer rows than asked: more may become ready when work in
+			// flight completes (a FIFO group's next head, a freed key).
+			idle = s.p.MinPollInterval
+			s.sleep(idle, s.freed)
+		default:
+			s.sleep(idle, nil)
+			idle = min(idle*2, s.p.PollInterval)
+		}
+	}
+}
+
+// sleep waits d or until a wake-up, a receive on also, or stop.
+func (s *Subscription) sleep(d time.Duration, also <-chan struct{}) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-s.wake:
+	case <-s.p.Wake:
+	case <-also:
+	case <-s.claimCtx.Done():
+	}
+}
+
+func (s *Subscription) start(c Claim) {
+	s.claimed.Add(1)
+	s.inflight.Add(1)
+	s.handlers.Add(1)
+	go func() {
+		defer func() {
+			s.inflight.Add(-1)
+			s.handlers.Done()
+			select {
+			case s.freed <- struct{}{}:
+			default:
+			}
+		}()
+		s.run(c)
+	}()
+}
+
+func (s *Subscription) run(c Claim) {
+	d := c.Delivery()
+	ctx, cancel := context.WithCancel(s.hardCtx)
+	defer cancel()
+	if lost := c.Lost(); lost != nil {
+		go func() {
+			select {
+			case <-lost:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+	}
+	err := s.call(ctx, d)
+	o := s.outcome(d, err)
+	cctx, ccancel := context.WithTimeout(context.Background(), s.p.CompleteTimeout)
+	cerr := c.Complete(cctx, o)
+	ccancel()
+	switch {
+	case cerr == nil:
+		switch o.Kind {
+		case Succeeded:
+			s.succeeded.Add(1)
+		case Retry:
+			s.retried.Add(1)
+		case Dead:
+			s.dead.Add(1)
+		case Released:
+			s.released.Add(1)
+		}
+	case errors.Is(cerr, ErrLeaseLost):
+		s.lost.Add(1)
+		s.log.Warn("sqlxbroker: lease lost before completion", "table", s.form.Plan().Table.Name, "id", d.ID(), "outcome", o.Kind.String())
+	default:
+		s.completeErrs.Add(1)
+		s.log.Error("sqlxbroker: completion failed", "table", s.form.Plan().Table.Name, "id", d.ID(), "outcome", o.Kind.String(), "err", cerr)
+	}
+	if s.p.OnOutcome != nil {
+		s.p.OnOutcome(d, o, cerr)
+	}
+}
+
+// call runs the handler, turning a panic into an error.
+func (s *Subscription) call(ctx context.Context, d *Delivery) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.panics.Add(1)
+			err = fmt.Errorf("sqlxbroker: handler panic: %v\n%s", r, debug.Stack())
+		}
+	}()
+	return s.h(ctx, d)
+}
+
+// outcome decides what the handler's result does to the row.
+func (s *Subscription) outcome(d *Delivery, err error) Outcome {
+	t := &s.form.Plan().Table
+	switch {
+	case err == nil:
+		return Outcome{Kind: Succeeded}
+	case s.hardCtx.Err() != nil:
+		return Outcome{Kind: Released, Err: err}
+	case t.MaxAttempts > 0 && d.Attempt() >= t.MaxAttempts:
+		return Outcome{Kind: Dead, Err: err}
+	}
+	o := Outcome{Kind: Retry, Err: err}
+	if t.ReadyAt != "" {
+		o.RetryAt = Now().Add(s.p.RetryDelay(d.Attempt()))
+	}
+	return o
+}

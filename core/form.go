@@ -1,0 +1,78 @@
+package core
+
+import (
+	"context"
+	"time"
+)
+
+// OutcomeKind says what a completion does to a row.
+type OutcomeKind int
+
+const (
+	// Succeeded: the row is deleted, or marked done when the table has a
+	// DoneAt column.
+	Succeeded OutcomeKind = iota + 1
+	// Retry: the row is returned for another attempt, at RetryAt when the
+	// table has a ReadyAt column.
+	Retry
+	// Dead: the row is kept with its DeadAt column set.
+	Dead
+	// Released: the row is given back untouched apart from what the form
+	// already counted (a stopping subscription returns work it cannot
+	// finish this way).
+	Released
+)
+
+func (k OutcomeKind) String() string {
+	switch k {
+	case Succeeded:
+		return "succeeded"
+	case Retry:
+		return "retry"
+	case Dead:
+		return "dead"
+	case Released:
+		return "released"
+	}
+	return "unknown"
+}
+
+// Outcome is what the engine asks a claim form to record for a delivery.
+type Outcome struct {
+	Kind    OutcomeKind
+	RetryAt time.Time // Retry only; zero: at once
+	Err     error     // the handler's error, for Retry and Dead
+}
+
+// Claim is one row held by a claim form for its handler.
+type Claim interface {
+	// Delivery is what the handler receives.
+	Delivery() *Delivery
+	// Lost is closed when the form's hold on the row is gone before
+	// completion (a lease that could not be renewed in time). Nil when the
+	// form cannot lose a row while it is held.
+	Lost() <-chan struct{}
+	// Complete records o and lets the row go. It is called once. It
+	// returns ErrLeaseLost (and changes nothing) when the hold was lost.
+	Complete(ctx context.Context, o Outcome) error
+}
+
+// ClaimForm is a claim form bound to one table and one database.
+type ClaimForm interface {
+	// Form says which form this is.
+	Form() Form
+	// Plan is the table the form claims from.
+	Plan() *Plan
+	// Start checks the server (ServerChecker) and takes what the form needs
+	// for its life (AdvisoryAttacher); it is called once, before Claim.
+	Start(ctx context.Context) error
+	// Claim claims up to max ready rows (max >= 1). Zero claims and a nil
+	// error mean nothing is ready. Claims already made are returned even
+	// when a later one fails.
+	Claim(ctx context.Context, max int) ([]Claim, error)
+	// Close stops the form's background work (lease renewal) and releases
+	// what Start took. Claims not completed stay as the form left them:
+	// leases run out, row locks and advisory keys stay with their
+	// transactions and connections until completed.
+	Close() error
+}

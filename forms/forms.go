@@ -1,0 +1,226 @@
+// Package forms implements the three claim forms of sqlxbroker, each written
+// once against the core.Dialect contract: row lock (forms_rowlock.go), lease
+// (lease.go) and advisory lock (advisory.go). New picks the form a table
+// description selects.
+//
+// Attempts are counted where each form holds the row (SPEC §5): the row-lock
+// form counts in the completion statement that returns a row for another
+// try, the lease form at claim, the advisory form when it takes the row. A
+// delivery reports the attempt as it stood before the claim, so the first
+// delivery reads 1 in every form.
+package forms
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+
+
+	"github.com/jmoiron/sqlx"
+	"github.com/sqlxbroker/sqlxbroker/core"
+)
+
+// New returns the claim form p's table selects, bound to db.
+func New(db *sqlx.DB, p *core.Plan) (core.ClaimForm, error) {
+	b := base{db: db, plan: p}
+	switch f := p.Table.Form(); f {
+	case core.RowLock:
+		if p.Caps.RowLocker == nil {
+			return nil, &core.FormError{Dialect: p.Dialect.Name(), Form: f, Reason: "the database has no row locks that skip locked rows"}
+		}
+		return newRowLock(b), nil
+	case core.Lease:
+		if p.Caps.Leaser == nil {
+			return nil, &core.FormError{Dialect: p.Dialect.Name(), Form: f, Reason: "the dialect has no lease claim"}
+		}
+		return newLease(b), nil
+	case core.Advisory:
+		if p.Caps.AdvisoryLocker == nil {
+			return nil, &core.FormError{Dialect: p.Dialect.Name(), Form: f, Reason: "the database has no advisory locks"}
+		}
+		return newAdvisory(b), nil
+	default:
+		return nil, fmt.Errorf("sqlxbroker: unknown form %v", f)
+	}
+}
+
+// base holds what every form shares.
+type base struct {
+	db   *sqlx.DB
+	plan *core.Plan
+}
+
+func (b *base) Plan() *core.Plan { return b.plan }
+
+// start checks the server and the live table.
+func (b *base) start(ctx context.Context, f core.Form) error {
+	if c := b.plan.Caps.ServerChecker; c != nil {
+		if err := c.CheckServer(ctx, b.db, f); err != nil {
+			return err
+		}
+	}
+	return b.plan.CheckLive(ctx, b.db)
+}
+
+// begin opens a claim transaction whose life is bound to ctx.
+func (b *base) begin(ctx context.Context) (*sqlx.Tx, error) {
+	iso := b.plan.Table.Isolation
+	if iso == sql.LevelDefault && b.plan.Caps.RowLocker != nil {
+		iso = b.plan.Caps.RowLocker.ClaimIsolation()
+	}
+	opts := &sql.TxOptions{Isolation: iso}
+	if c := b.plan.Caps.ClaimBeginner; c != nil {
+		return c.BeginClaim(ctx, b.db, opts)
+	}
+	return b.db.BeginTxx(ctx, opts)
+}
+
+// row is one row read with every column.
+type row struct {
+	cols []string
+	vals []any
+}
+
+func (r *row) get(col string) any {
+	for i, c := range r.cols {
+		if strings.EqualFold(c, col) {
+			return r.vals[i]
+		}
+	}
+	return nil
+}
+
+func readRows(rows *sqlx.Rows) ([]row, error) {
+	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil {
+		return nil, err
+	}
+	var out []row
+	for rows.Next() {
+		vals, err := rows.SliceScan()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, row{cols: cols, vals: vals})
+	}
+	return out, rows.Err()
+}
+
+// attemptOf reads the attempt column as an int.
+func (b *base) attemptOf(r *row) (int, error) {
+	v := r.get(b.plan.Table.AttemptColumn())
+	var n sql.NullInt64
+	if err := n.Scan(v); err != nil {
+		return 0, fmt.Errorf("sqlxbroker: table %s: attempt column %q holds %v: %w", b.plan.Table.Name, b.plan.Table.AttemptColumn(), v, err)
+	}
+	if !n.Valid {
+		return 0, fmt.Errorf("sqlxbroker: table %s: attempt column %q is NULL in row %v (new rows must hold 1)", b.plan.Table.Name, b.plan.Table.AttemptColumn(), r.get(b.plan.Table.IDColumn()))
+	}
+	return int(n.Int64), nil
+}
+
+// delivery builds a delivery from r, reporting attempt, and sets the
+// attempt column of the copy the handler sees to it.
+func (b *base) delivery(r *row, attempt int, key string) *core.Delivery {
+	for i, c := range r.cols {
+		if strings.EqualFold(c, b.plan.Table.AttemptColumn()) {
+			r.vals[i] = int64(attempt)
+		}
+	}
+	return core.NewDelivery(r.get(b.plan.Table.IDColumn()), attempt, key, r.cols, r.vals)
+}
+
+// completion builds the statement that records o for one row, matched by
+// "<id> = ?" plus fence (a further condition with its own args, e.g. the
+// lease token). countAttempt adds 1 to the attempt (row-lock form);
+// clearLease sets the lease column to NULL. It returns "" when o needs no
+// statement.
+func (b *base) completion(o core.Outcome, countAttempt, clearLease bool, fence string, fenceArgs ...any) (string, []any) {
+	p := b.plan
+	var set []string
+	var args []any
+	switch o.Kind {
+	case core.Succeeded:
+		if p.QDoneAt == "" {
+			q := "DELETE FROM " + p.QTable + " WHERE " + p.QID + " = ?" + fence
+			return p.Rebind(q), nil
+		}
+		set = append(set, p.QDoneAt+" = ?")
+		args = append(args, p.Time(core.Now()))
+	case core.Retry:
+		if countAttempt {
+			set = append(set, p.QAttempt+" = "+p.QAttempt+" + 1")
+		}
+		if p.QReadyAt != "" && !o.RetryAt.IsZero() {
+			set = append(set, p.QReadyAt+" = ?")
+			args = append(args, p.Time(o.RetryAt))
+		}
+	case core.Dead:
+		if countAttempt {
+			set = append(set, p.QAttempt+" = "+p.QAttempt+" + 1")
+		}
+		set = append(set, p.QDeadAt+" = ?")
+		args = append(args, p.Time(core.Now()))
+	case core.Released:
+	}
+	if clearLease {
+		set = append(set, p.QLockedUntil+" = NULL")
+	}
+	if len(set) == 0 {
+		return "", nil
+	}
+	return p.Rebind("UPDATE " + p.QTable + " SET " + strings.Join(set, ", ") + " WHERE " + p.QID + " = ?" + fence), args
+}
+
+// idKey makes ids returned by different statements comparable.
+func idKey(v any) string {
+	if b, ok := v.([]byte); ok {
+		return string(b)
+	}
+	return fmt.Sprint(v)
+}
+
+// life is a context for resources that must outlive one call (claim
+// transactions): cancelled only by Close.
+func newLife() (context.Context, context.CancelFunc) {
+	return context.WithCancel(context.Background())
+}
+
+
+
+// guardedHeads reads up to limit candidate group heads without locks and
+// guards each group with the dialect's GroupGuard, returning the ids of the
+// heads whose group this transaction now holds (rows with a NULL group need
+// no guard). The caller locks and checks each head again.
+func guardedHeads(ctx context.Context, tx *sqlx.Tx, p *core.Plan, where string, args []any, limit int) ([]any, error) {
+	r, err := tx.QueryxContext(ctx, p.Rebind(fmt.Sprintf("SELECT %s.%s, %s.%s FROM %s %s WHERE %s ORDER BY %s LIMIT %d",
+		p.Alias, p.QID, p.Alias, p.QGroup, p.QTable, p.Alias, where, p.OrderBy(p.Alias), limit)), args...)
+	if err != nil {
+		return nil, err
+	}
+	cands, err := readRows(r)
+	if err != nil {
+		return nil, err
+	}
+	var ids []any
+	seen := map[string]bool{}
+	for _, c := range cands {
+		if g := c.vals[1]; g != nil {
+			if seen[idKey(g)] {
+				continue
+			}
+			seen[idKey(g)] = true
+			ok, err := p.Caps.GroupGuard.GuardGroup(ctx, tx, &core.GroupGuardParams{Plan: p, Group: g})
+			if err != nil {
+				return nil, fmt.Errorf("guard FIFO group %v: %w", g, err)
+			}
+			if !ok {
+				continue
+			}
+		}
+		ids = append(ids, c.vals[0])
+	}
+	return ids, nil
+}

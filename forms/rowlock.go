@@ -1,0 +1,152 @@
+package forms
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/sqlxbroker/sqlxbroker/core"
+)
+
+// rowLock: BEGIN; SELECT .. FOR UPDATE SKIP LOCKED; the handler runs with the
+// transaction open; the completion statement, then COMMIT. One transaction,
+// and so one connection, per delivery in work.
+type rowLock struct {
+	base
+	life   context.Context
+	cancel context.CancelFunc
+}
+
+func newRowLock(b base) *rowLock {
+	f := &rowLock{base: b}
+	f.life, f.cancel = newLife()
+	return f
+}
+
+func (f *rowLock) Form() core.Form                 { return core.RowLock }
+func (f *rowLock) Start(ctx context.Context) error { return f.start(ctx, core.RowLock) }
+
+// Close rolls back every claim transaction still open: those rows are
+// claimable again at once, their attempts uncounted.
+func (f *rowLock) Close() error { f.cancel(); return nil }
+
+const savepoint = "sqlxbroker_handler"
+
+func (f *rowLock) Claim(ctx context.Context, max int) ([]core.Claim, error) {
+	var out []core.Claim
+	for len(out) < max {
+		c, err := f.claimOne(ctx)
+		if err != nil || c == nil {
+			return out, err
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+func (f *rowLock) claimOne(ctx context.Context) (core.Claim, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil
+	}
+	p := f.plan
+	txCtx, txCancel := context.WithCancel(f.life)
+	tx, err := f.begin(txCtx)
+	if err != nil {
+		txCancel()
+		return nil, fmt.Errorf("sqlxbroker: begin claim: %w", err)
+	}
+	fail := func(err error) (core.Claim, error) {
+		_ = tx.Rollback()
+		txCancel()
+		return nil, err
+	}
+	where, args := p.Ready(p.Alias, core.Now())
+	lockSQL := "SELECT * FROM " + p.QTable + " " + p.Alias + " WHERE " + where
+	var rows []row
+	if p.QGroup != "" && p.Caps.GroupGuard != nil {
+		rows, err = f.claimHead(ctx, tx, where, args)
+	} else {
+		var r *sqlx.Rows
+		r, err = tx.QueryxContext(ctx, p.Rebind(lockSQL+" ORDER BY "+p.OrderBy(p.Alias)+" LIMIT 1 "+p.Caps.RowLocker.SkipLocked()), args...)
+		if err == nil {
+			rows, err = readRows(r)
+		}
+	}
+	if err != nil {
+		return fail(fmt.Errorf("sqlxbroker: row-lock claim on %s: %w", p.Table.Name, err))
+	}
+	if len(rows) == 0 {
+		return fail(nil)
+	}
+	r := &rows[0]
+	attempt, err := f.attemptOf(r)
+	if err != nil {
+		return fail(err)
+	}
+	d := f.delivery(r, attempt, "")
+	d.WithTx(tx, func(tx *sqlx.Tx) error {
+		_, err := tx.ExecContext(txCtx, "SAVEPOINT "+savepoint)
+		return err
+	})
+	return &rowLockClaim{f: f, tx: tx, ctx: txCtx, cancel: txCancel, d: d}, nil
+}
+
+// claimHead claims the head of one FIFO group under the dialect's group
+// guard: candidate heads are read without locks, the group is guarded, and
+// the head is then locked and checked again.
+func (f *rowLock) claimHead(ctx context.Context, tx *sqlx.Tx, where string, args []any) ([]row, error) {
+	p := f.plan
+	heads, err := guardedHeads(ctx, tx, p, where, args, 16)
+	if err != nil {
+		return nil, err
+	}
+	lockSQL := "SELECT * FROM " + p.QTable + " " + p.Alias + " WHERE " + where
+	for _, id := range heads {
+		r, err := tx.QueryxContext(ctx, p.Rebind(lockSQL+" AND "+p.Alias+"."+p.QID+" = ? "+p.Caps.RowLocker.SkipLocked()), append(args, id)...)
+		if err != nil {
+			return nil, err
+		}
+		rows, err := readRows(r)
+		if err != nil || len(rows) > 0 {
+			return rows, err
+		}
+	}
+	return nil, nil
+}
+
+type rowLockClaim struct {
+	f      *rowLock
+	tx     *sqlx.Tx
+	ctx    context.Context
+	cancel context.CancelFunc
+	d      *core.Delivery
+}
+
+func (c *rowLockClaim) Delivery() *core.Delivery { return c.d }
+func (c *rowLockClaim) Lost() <-chan struct{}    { return nil }
+
+// Complete runs the completion statement in the delivery's transaction and
+// commits. A failed handler's writes through Delivery.Tx are rolled back to
+// the savepoint first. Any error rolls everything back: the row is
+// claimable again with its attempt unchanged.
+func (c *rowLockClaim) Complete(ctx context.Context, o core.Outcome) error {
+	defer c.cancel()
+	if o.Kind == core.Released {
+		return c.tx.Rollback()
+	}
+	if o.Kind != core.Succeeded && c.d.TxUsed() {
+		if _, err := c.tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT "+savepoint); err != nil {
+			return errors.Join(fmt.Errorf("sqlxbroker: roll back handler writes: %w", err), c.tx.Rollback())
+		}
+	}
+	q, args := c.f.completion(o, true, false, "")
+	if _, err := c.tx.ExecContext(ctx, q, append(args, c.d.ID())...); err != nil {
+		return errors.Join(fmt.Errorf("sqlxbroker: row-lock completion (%s): %w", o.Kind, err), c.tx.Rollback())
+	}
+	if err := c.tx.Commit(); err != nil {
+		return fmt.Errorf("sqlxbroker: row-lock commit (%s): %w", o.Kind, err)
+	}
+	return nil
+}
+
