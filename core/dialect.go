@@ -143,6 +143,14 @@ type ServerChecker interface {
 	CheckServer(ctx context.Context, db *sqlx.DB, form Form) error
 }
 
+// TableChecker is an optional capability: CheckTable is called once when a
+// subscription starts, after Plan.CheckLive found every column, and fails
+// with a *TableError when a column's type cannot work with the dialect (a
+// lease column that would not keep the deadline token exactly).
+type TableChecker interface {
+	CheckTable(ctx context.Context, db *sqlx.DB, p *Plan) error
+}
+
 // ClaimBeginner is an optional capability: BeginClaim opens claim
 // transactions (SQLite opens them IMMEDIATE). Without it the forms call
 // db.BeginTxx with the claim isolation.
@@ -185,6 +193,7 @@ type Capabilities struct {
 	AdvisoryAttacher AdvisoryAttacher
 	GroupGuard       GroupGuard
 	ServerChecker    ServerChecker
+	TableChecker     TableChecker
 	ClaimBeginner    ClaimBeginner
 	Waker            Waker
 	TableCreator     TableCreator
@@ -200,6 +209,7 @@ func CapabilitiesOf(d Dialect) Capabilities {
 	c.AdvisoryAttacher, _ = d.(AdvisoryAttacher)
 	c.GroupGuard, _ = d.(GroupGuard)
 	c.ServerChecker, _ = d.(ServerChecker)
+	c.TableChecker, _ = d.(TableChecker)
 	c.ClaimBeginner, _ = d.(ClaimBeginner)
 	c.Waker, _ = d.(Waker)
 	c.TableCreator, _ = d.(TableCreator)

@@ -2,6 +2,7 @@ package forms
 
 import (
 	"context"
+	"database/sql"
 	"database/sql/driver"
 	"errors"
 	"fmt"
@@ -225,6 +226,9 @@ func (f *advisory) groupOf(ctx context.Context, q sqlx.QueryerContext, id any) (
 	p := f.plan
 	var g any
 	err := q.QueryRowxContext(ctx, p.Rebind("SELECT "+p.QGroup+" FROM "+p.QTable+" WHERE "+p.QID+" = ?"), id).Scan(&g)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil // completed by another claim since the candidates were read
+	}
 	if err != nil {
 		return nil, err
 	}

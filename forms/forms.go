@@ -60,7 +60,13 @@ func (b *base) start(ctx context.Context, f core.Form) error {
 			return err
 		}
 	}
-	return b.plan.CheckLive(ctx, b.db)
+	if err := b.plan.CheckLive(ctx, b.db); err != nil {
+		return err
+	}
+	if c := b.plan.Caps.TableChecker; c != nil {
+		return c.CheckTable(ctx, b.db, b.plan)
+	}
+	return nil
 }
 
 // begin opens a claim transaction whose life is bound to ctx.

@@ -30,7 +30,7 @@ type lease struct {
 
 func newLease(b base) *lease {
 	return &lease{base: b, dur: b.plan.Table.LeaseDuration(), active: map[*leaseClaim]struct{}{},
-		done: make(chan struct{}), complete: make(chan *leaseDone, 1024)}
+		done: make(chan struct{}), complete: make(chan *leaseDone)}
 }
 
 func (f *lease) Form() core.Form { return core.Lease }

@@ -1,0 +1,278 @@
+// Package conformance is the shared test suite every dialect x claim form
+// pair must pass. The built-in dialects run it from their tests; a third
+// party runs it for a new dialect; the sqlxbroker command runs it against any
+// DSN.
+//
+//	func TestConformance(t *testing.T) {
+//		conformance.Run(t, conformance.Target{
+//			Dialect: mydialect.Dialect{},
+//			Open:    func(t conformance.TB) *sqlx.DB { ... a new pool on the test database ... },
+//		})
+//	}
+//
+// What the suite checks comes from the dialect's capabilities
+// (core.CapabilitiesOf), never from its name: every form the dialect offers
+// runs every scenario that applies to it, and every form it does not offer
+// must fail with core.ErrFormUnavailable. The crash scenario re-runs the
+// test binary (os.Args[0]) as a child process with SQLXBROKER_CONFORMANCE_CHILD
+// set, so Run must be reached the same way in the child: call it from a
+// top-level Test function as above.
+//
+// The rules a Target must follow:
+//
+//  1. Open returns a new connection pool on the same database each call;
+//     the suite treats each pool as one broker.
+//  2. The database must let the suite create and drop tables (the dialect's
+//     TableCreator makes them, or Target.CreateTable does).
+//  3. Nothing else may write to the suite's tables while it runs; each
+//     scenario uses its own freshly named table.
+package conformance
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/sqlxbroker/sqlxbroker"
+	"github.com/sqlxbroker/sqlxbroker/core"
+)
+
+// TB is the part of testing.TB the suite uses; *testing.T satisfies it, and
+// the command-line runner has its own.
+type TB interface {
+	Helper()
+	Name() string
+	Logf(format string, args ...any)
+	Errorf(format string, args ...any)
+	Fatalf(format string, args ...any)
+	Skipf(format string, args ...any)
+	Failed() bool
+	Cleanup(func())
+}
+
+// Target is the database under test.
+type Target struct {
+	// Dialect is the dialect under test.
+	Dialect core.Dialect
+	// Open returns a new pool on the database under test (rule 1).
+	Open func(t TB) *sqlx.DB
+	// CreateTable, when set, creates tables instead of the dialect's
+	// TableCreator; it must create what broker.TableDDL would.
+	CreateTable func(t TB, db *sqlx.DB, table core.Table, payload [][2]string)
+	// Short scales volumes down (testing.Short() does too).
+	Short bool
+	// OldServer, when set, opens a server older than some form needs, and
+	// OldServerRefuses lists the forms it must refuse with ErrServerTooOld
+	// (the other offered forms must work on it).
+	OldServer        func(t TB) *sqlx.DB
+	OldServerRefuses []core.Form
+}
+
+// Scenario is one check of one form.
+type Scenario struct {
+	Name string
+	// Applies reports whether the scenario checks form f of dialect d.
+	Applies func(d core.Dialect, f core.Form) bool
+	Run     func(t TB, tg *Target, f core.Form)
+}
+
+// Scenarios lists the suite, in the order Run runs it.
+func Scenarios() []Scenario {
+	all := func(core.Dialect, core.Form) bool { return true }
+	only := func(forms ...core.Form) func(core.Dialect, core.Form) bool {
+		return func(_ core.Dialect, f core.Form) bool {
+			for _, g := range forms {
+				if f == g {
+					return true
+				}
+			}
+			return false
+		}
+	}
+	fifo := func(d core.Dialect, f core.Form) bool {
+		return core.CapabilitiesOf(d).GroupGuard != nil || d.Features().SingleWriter
+	}
+	return []Scenario{
+		{"ExactlyOnce", all, ExactlyOnce},
+		{"SkipLocked", all, SkipLocked},
+		{"CrashRecovery", all, CrashRecovery},
+		{"Attempts", all, Attempts},
+		{"LeaseLoss", only(core.Lease), LeaseLoss},
+		{"Renewal", only(core.Lease), Renewal},
+		{"FIFO", fifo, FIFO},
+		{"AdvisoryKeys", only(core.Advisory), AdvisoryKeys},
+		{"Outcomes", all, Outcomes},
+		{"HandlerTx", only(core.RowLock), HandlerTx},
+		{"BadDescriptions", all, BadDescriptions},
+	}
+}
+
+// Run runs every scenario for every form: offered forms as subtests
+// "<form>/<scenario>", forms not offered as "<form>/Unavailable".
+func Run(t *testing.T, tg Target) {
+	if childMode(t, &tg) {
+		return
+	}
+	if testing.Short() {
+		tg.Short = true
+	}
+	caps := core.CapabilitiesOf(tg.Dialect)
+	for _, f := range core.Forms {
+		t.Run(f.String(), func(t *testing.T) {
+			if !caps.Offers(f) {
+				t.Run("Unavailable", func(t *testing.T) { Unavailable(t, &tg, f) })
+				return
+			}
+			for _, s := range Scenarios() {
+				if !s.Applies(tg.Dialect, f) {
+					continue
+				}
+				t.Run(s.Name, func(t *testing.T) { s.Run(t, &tg, f) })
+			}
+		})
+	}
+	if tg.OldServer != nil {
+		t.Run("VersionGate", func(t *testing.T) { VersionGate(t, &tg) })
+	}
+}
+
+var nameRE = regexp.MustCompile(`[^a-z0-9_]`)
+
+// fresh returns a new table description for form f with the suite's
+// columns, creates the table, and drops it when the test ends.
+func (tg *Target) fresh(t TB, db *sqlx.DB, f core.Form, edit func(*core.Table)) core.Table {
+	t.Helper()
+	var rnd [4]byte
+	_, _ = rand.Read(rnd[:])
+	tb := core.Table{Name: "cf_" + hex.EncodeToString(rnd[:]), ReadyAt: "ready_at", DeadAt: "dead_at"}
+	switch f {
+	case core.Lease:
+		tb.LockedUntil, tb.Lease = "locked_until", 2*time.Second
+	case core.Advisory:
+		tb.AdvisoryLock = "acct-{acct}"
+	}
+	if edit != nil {
+		edit(&tb)
+	}
+	payload := [][2]string{{"acct", "text"}, {"grp", "text"}, {"body", "text"}}
+	if tg.CreateTable != nil {
+		tg.CreateTable(t, db, tb, payload)
+	} else {
+		b := sqlxbroker.OpenDialect(db, tg.Dialect)
+		if err := b.CreateTable(context.Background(), tb, payload...); err != nil {
+			t.Fatalf("create table: %v", err)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = db.Exec("DROP TABLE " + tg.Dialect.QuoteIdent(tb.Name))
+	})
+	return tb
+}
+
+// msg is a row the suite publishes.
+type msg struct {
+	Acct string `db:"acct"`
+	Grp  string `db:"grp"`
+	Body string `db:"body"`
+}
+
+func publish(t TB, b *sqlxbroker.Broker, tb core.Table, msgs ...msg) {
+	t.Helper()
+	all := make([]any, len(msgs))
+	for i := range msgs {
+		all[i] = msgs[i]
+	}
+	if err := b.Publish(context.Background(), b.DB(), tb, all...); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+}
+
+func (tg *Target) broker(t TB) *sqlxbroker.Broker {
+	db := tg.Open(t)
+	return sqlxbroker.OpenDialect(db, tg.Dialect)
+}
+
+// waitFor polls cond until it holds or d passes.
+func waitFor(t TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func count(t TB, db *sqlx.DB, d core.Dialect, table, where string, args ...any) int {
+	t.Helper()
+	var n int
+	q := "SELECT COUNT(*) FROM " + d.QuoteIdent(table)
+	if where != "" {
+		q += " WHERE " + where
+	}
+	if err := db.QueryRow(sqlx.Rebind(d.BindType(), q), args...).Scan(&n); err != nil {
+		t.Fatalf("count %s: %v", table, err)
+	}
+	return n
+}
+
+func start(t TB, f core.ClaimForm) core.ClaimForm {
+	t.Helper()
+	if err := f.Start(context.Background()); err != nil {
+		t.Fatalf("start %s form: %v", f.Form(), err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+func form(t TB, b *sqlxbroker.Broker, tb core.Table) core.ClaimForm {
+	t.Helper()
+	f, err := b.Form(tb)
+	if err != nil {
+		t.Fatalf("form: %v", err)
+	}
+	return start(t, f)
+}
+
+func claim(t TB, f core.ClaimForm, n int) []core.Claim {
+	t.Helper()
+	cs, err := f.Claim(context.Background(), n)
+	if err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	return cs
+}
+
+func complete(t TB, c core.Claim, k core.OutcomeKind) {
+	t.Helper()
+	if err := c.Complete(context.Background(), core.Outcome{Kind: k}); err != nil {
+		t.Fatalf("complete %s: %v", k, err)
+	}
+}
+
+func ids(cs []core.Claim) []string {
+	out := make([]string, len(cs))
+	for i, c := range cs {
+		out[i] = fmt.Sprint(c.Delivery().ID())
+	}
+	return out
+}
+
+func idOf(c core.Claim) string { return fmt.Sprint(c.Delivery().ID()) }
+
+func volume(tg *Target, full, short int) int {
+	if tg.Short {
+		return short
+	}
+	return full
+}
+
+func env(k string) string { return strings.TrimSpace(os.Getenv(k)) }

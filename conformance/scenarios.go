@@ -1,0 +1,544 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sqlxbroker/sqlxbroker"
+	"github.com/sqlxbroker/sqlxbroker/core"
+)
+
+var quick = sqlxbroker.SubscribeParams{MinPollInterval: 2 * time.Millisecond, PollInterval: 50 * time.Millisecond,
+	RetryDelay: func(int) time.Duration { return 0 }}
+
+func subscribe(t TB, b *sqlxbroker.Broker, tb core.Table, h core.Handler, p sqlxbroker.SubscribeParams) *sqlxbroker.Subscription {
+	t.Helper()
+	s, err := b.Subscribe(context.Background(), tb, h, p)
+	if err != nil {
+		t.Fatalf("subscribe: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Stop(context.Background()) })
+	return s
+}
+
+// ExactlyOnce: several subscriptions in two brokers drain a table; every row
+// is completed exactly once and none is left.
+func ExactlyOnce(t TB, tg *Target, f core.Form) {
+	b1, b2 := tg.broker(t), tg.broker(t)
+	tb := tg.fresh(t, b1.DB(), f, nil)
+	n := volume(tg, 5000, 500)
+	msgs := make([]msg, n)
+	for i := range msgs {
+		msgs[i] = msg{Acct: fmt.Sprint(i % 50), Body: fmt.Sprint(i)}
+	}
+	publish(t, b1, tb, msgs...)
+	var mu sync.Mutex
+	seen := map[string]int{}
+	h := func(ctx context.Context, d *core.Delivery) error {
+		var m msg
+		if err := d.Scan(&m); err != nil {
+			return err
+		}
+		mu.Lock()
+		seen[m.Body]++
+		mu.Unlock()
+		return nil
+	}
+	p := quick
+	p.Concurrency = 8
+	var subs []*sqlxbroker.Subscription
+	for i := 0; i < 4; i++ {
+		subs = append(subs, subscribe(t, b1, tb, h, p), subscribe(t, b2, tb, h, p))
+	}
+	waitFor(t, 2*time.Minute, "every row completed", func() bool {
+		var done int64
+		for _, s := range subs {
+			done += s.Stats().Succeeded
+		}
+		return done >= int64(n)
+	})
+	for _, s := range subs {
+		if err := s.Stop(context.Background()); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != n {
+		t.Errorf("handled %d distinct rows, want %d", len(seen), n)
+	}
+	for body, k := range seen {
+		if k != 1 {
+			t.Errorf("row %s handled %d times, want 1", body, k)
+		}
+	}
+	if left := count(t, b1.DB(), tg.Dialect, tb.Name, ""); left != 0 {
+		t.Errorf("%d rows left in the table, want 0", left)
+	}
+}
+
+// SkipLocked: while one broker holds a row, another's claim passes over it
+// at once and returns the other rows.
+func SkipLocked(t TB, tg *Target, f core.Form) {
+	b1, b2 := tg.broker(t), tg.broker(t)
+	tb := tg.fresh(t, b1.DB(), f, nil)
+	publish(t, b1, tb, msg{Acct: "a", Body: "held"}, msg{Acct: "b"}, msg{Acct: "c"}, msg{Acct: "d"})
+	holder := form(t, b1, tb)
+	held := claim(t, holder, 1)
+	if len(held) != 1 {
+		t.Fatalf("holder claimed %d rows, want 1", len(held))
+	}
+	defer complete(t, held[0], core.Released)
+	other := form(t, b2, tb)
+	begin := time.Now()
+	got := claim(t, other, 10)
+	took := time.Since(begin)
+	if took > 200*time.Millisecond {
+		t.Errorf("claim took %v with one row held elsewhere, want under 200ms (it must skip, not wait)", took)
+	}
+	if len(got) != 3 {
+		t.Errorf("claimed %v, want the 3 rows not held", ids(got))
+	}
+	for _, c := range got {
+		if idOf(c) == idOf(held[0]) {
+			t.Errorf("claimed row %s that another broker holds", idOf(c))
+		}
+		complete(t, c, core.Succeeded)
+	}
+}
+
+// Attempts: the first delivery reads 1 in every form, a returned row's next
+// delivery reads 2, and the attempt column holds the number the next
+// delivery will report.
+func Attempts(t TB, tg *Target, f core.Form) {
+	b := tg.broker(t)
+	tb := tg.fresh(t, b.DB(), f, nil)
+	publish(t, b, tb, msg{Acct: "a"})
+	fm := form(t, b, tb)
+	for want := 1; want <= 3; want++ {
+		cs := claim(t, fm, 1)
+		if len(cs) != 1 {
+			t.Fatalf("delivery %d: claimed %d rows, want 1", want, len(cs))
+		}
+		if got := cs[0].Delivery().Attempt(); got != want {
+			t.Errorf("delivery %d reports attempt %d", want, got)
+		}
+		complete(t, cs[0], core.Retry)
+		if got := count(t, b.DB(), tg.Dialect, tb.Name, tg.Dialect.QuoteIdent("attempt")+" = ?", want+1); got != 1 {
+			t.Errorf("after delivery %d failed the attempt column is not %d", want, want+1)
+		}
+	}
+}
+
+// Outcomes: success removes the row, failure returns it, the last allowed
+// attempt moves it to the dead state and keeps it; a dead row is not claimed.
+func Outcomes(t TB, tg *Target, f core.Form) {
+	b := tg.broker(t)
+	tb := tg.fresh(t, b.DB(), f, func(tb *core.Table) { tb.MaxAttempts = 2 })
+	publish(t, b, tb, msg{Acct: "ok", Body: "ok"}, msg{Acct: "bad", Body: "bad"})
+	var calls sync.Map
+	s := subscribe(t, b, tb, func(ctx context.Context, d *core.Delivery) error {
+		var m msg
+		if err := d.Scan(&m); err != nil {
+			return err
+		}
+		n, _ := calls.LoadOrStore(m.Body, new(atomic.Int32))
+		n.(*atomic.Int32).Add(1)
+		if m.Body == "bad" {
+			if d.Attempt()%2 == 1 {
+				panic("a handler panic is a failure")
+			}
+			return errors.New("fails every time")
+		}
+		return nil
+	}, quick)
+	waitFor(t, 30*time.Second, "one success and one dead row", func() bool {
+		st := s.Stats()
+		return st.Succeeded == 1 && st.Dead == 1
+	})
+	_ = s.Stop(context.Background())
+	st := s.Stats()
+	if st.Retried != 1 || st.Panics != 1 {
+		t.Errorf("stats %+v: want 1 retry (a panic) before the dead row", st)
+	}
+	q := tg.Dialect.QuoteIdent
+	if n := count(t, b.DB(), tg.Dialect, tb.Name, q("body")+" = ?", "ok"); n != 0 {
+		t.Errorf("the succeeded row is still there")
+	}
+	if n := count(t, b.DB(), tg.Dialect, tb.Name, q("body")+" = ? AND "+q("dead_at")+" IS NOT NULL AND "+q("attempt")+" = ?", "bad", 3); n != 1 {
+		t.Errorf("the failing row is not kept dead with attempt 3 after 2 deliveries")
+	}
+	if v, _ := calls.Load("bad"); v == nil || v.(*atomic.Int32).Load() != 2 {
+		t.Errorf("the failing row was handled %v times, want 2", v)
+	}
+	if cs := claim(t, form(t, b, tb), 5); len(cs) != 0 {
+		t.Errorf("a dead row was claimed again")
+	}
+}
+
+// LeaseLoss: a completion after another claim took the row returns
+// ErrLeaseLost and changes nothing.
+func LeaseLoss(t TB, tg *Target, f core.Form) {
+	b1, b2 := tg.broker(t), tg.broker(t)
+	tb := tg.fresh(t, b1.DB(), f, func(tb *core.Table) { tb.Lease = time.Second })
+	publish(t, b1, tb, msg{Acct: "a"})
+	first := form(t, b1, tb)
+	old := claim(t, first, 1)
+	if len(old) != 1 {
+		t.Fatalf("claimed %d rows, want 1", len(old))
+	}
+	select {
+	case <-old[0].Lost():
+		t.Fatalf("lease reported lost at once")
+	default:
+	}
+	first.Close() // renewals stop: the lease is abandoned
+	select {
+	case <-old[0].Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatalf("an abandoned lease was not reported lost after its deadline")
+	}
+	second := form(t, b2, tb)
+	var again []core.Claim
+	waitFor(t, 10*time.Second, "the abandoned lease to be claimed again", func() bool {
+		again = claim(t, second, 1)
+		return len(again) == 1
+	})
+	if a := again[0].Delivery().Attempt(); a != 2 {
+		t.Errorf("redelivery of an abandoned lease reports attempt %d, want 2", a)
+	}
+	before := snapshot(t, tg, b1, tb)
+	for _, k := range []core.OutcomeKind{core.Succeeded, core.Retry, core.Dead} {
+		err := old[0].Complete(context.Background(), core.Outcome{Kind: k})
+		if !errors.Is(err, core.ErrLeaseLost) {
+			t.Errorf("stale %s completion returned %v, want ErrLeaseLost", k, err)
+		}
+		if after := snapshot(t, tg, b1, tb); after != before {
+			t.Errorf("stale %s completion changed the row:\n before %s\n after  %s", k, before, after)
+		}
+	}
+	complete(t, again[0], core.Succeeded)
+	if n := count(t, b1.DB(), tg.Dialect, tb.Name, ""); n != 0 {
+		t.Errorf("the current lease holder's completion left the row")
+	}
+}
+
+func snapshot(t TB, tg *Target, b *sqlxbroker.Broker, tb core.Table) string {
+	t.Helper()
+	rows, err := b.DB().Queryx("SELECT * FROM " + tg.Dialect.QuoteIdent(tb.Name) + " ORDER BY " + tg.Dialect.QuoteIdent("id"))
+	if err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	defer rows.Close()
+	var sb strings.Builder
+	for rows.Next() {
+		vals, err := rows.SliceScan()
+		if err != nil {
+			t.Fatalf("snapshot: %v", err)
+		}
+		for _, v := range vals {
+			if bs, ok := v.([]byte); ok {
+				v = string(bs)
+			}
+			fmt.Fprintf(&sb, "%v|", v)
+		}
+		sb.WriteString("\n")
+	}
+	return sb.String()
+}
+
+// Renewal: a handler running three times its lease keeps the row through
+// renewals, nobody else gets it, and it completes normally.
+func Renewal(t TB, tg *Target, f core.Form) {
+	b1, b2 := tg.broker(t), tg.broker(t)
+	tb := tg.fresh(t, b1.DB(), f, func(tb *core.Table) { tb.Lease = time.Second })
+	publish(t, b1, tb, msg{Acct: "a"})
+	var runs atomic.Int32
+	h := func(ctx context.Context, d *core.Delivery) error {
+		runs.Add(1)
+		select {
+		case <-time.After(3 * time.Second):
+			return nil
+		case <-ctx.Done():
+			return fmt.Errorf("handler context ended: %w", ctx.Err())
+		}
+	}
+	s1 := subscribe(t, b1, tb, h, quick)
+	waitFor(t, 5*time.Second, "the first delivery", func() bool { return runs.Load() == 1 })
+	s2 := subscribe(t, b2, tb, h, quick)
+	waitFor(t, 10*time.Second, "the long handler to complete", func() bool { return s1.Stats().Succeeded == 1 })
+	_ = s2.Stop(context.Background())
+	if st := s1.Stats(); st.LeaseLost != 0 || st.Retried != 0 {
+		t.Errorf("stats %+v: the renewed lease was lost", st)
+	}
+	if r := runs.Load(); r != 1 {
+		t.Errorf("handler ran %d times, want 1 (a renewed lease is not claimed by others)", r)
+	}
+	if n := count(t, b1.DB(), tg.Dialect, tb.Name, ""); n != 0 {
+		t.Errorf("the row is still there after completion")
+	}
+}
+
+// FIFO: two brokers on one table deliver each group in order, at most one
+// row of a group in work, while other groups run alongside.
+func FIFO(t TB, tg *Target, f core.Form) {
+	b1, b2 := tg.broker(t), tg.broker(t)
+	tb := tg.fresh(t, b1.DB(), f, func(tb *core.Table) { tb.Group = "grp" })
+	const groups = 3
+	per := volume(tg, 40, 15)
+	var msgs []msg
+	for i := 0; i < per; i++ {
+		for g := 0; g < groups; g++ {
+			// Distinct keys per row, so the advisory form's keys do not
+			// order the rows: the group guard must.
+			msgs = append(msgs, msg{Grp: fmt.Sprint("g", g), Acct: fmt.Sprint(g, "-", i), Body: fmt.Sprint(i)})
+		}
+	}
+	publish(t, b1, tb, msgs...)
+	var mu sync.Mutex
+	last := map[string]int{}
+	inWork := map[string]int{}
+	var total, peak int
+	var disorder []string
+	h := func(ctx context.Context, d *core.Delivery) error {
+		var m msg
+		if err := d.Scan(&m); err != nil {
+			return err
+		}
+		var seq int
+		fmt.Sscan(m.Body, &seq)
+		mu.Lock()
+		inWork[m.Grp]++
+		total++
+		peak = max(peak, total)
+		if inWork[m.Grp] > 1 {
+			disorder = append(disorder, fmt.Sprintf("group %s: %d rows in work", m.Grp, inWork[m.Grp]))
+		}
+		if prev, ok := last[m.Grp]; ok && seq != prev+1 {
+			disorder = append(disorder, fmt.Sprintf("group %s: %d after %d", m.Grp, seq, prev))
+		} else if !ok && seq != 0 {
+			disorder = append(disorder, fmt.Sprintf("group %s starts at %d", m.Grp, seq))
+		}
+		last[m.Grp] = seq
+		mu.Unlock()
+		time.Sleep(2 * time.Millisecond)
+		mu.Lock()
+		inWork[m.Grp]--
+		total--
+		mu.Unlock()
+		return nil
+	}
+	p := quick
+	p.Concurrency = 4
+	subs := []*sqlxbroker.Subscription{subscribe(t, b1, tb, h, p), subscribe(t, b2, tb, h, p)}
+	waitFor(t, 2*time.Minute, "every row delivered", func() bool {
+		return subs[0].Stats().Succeeded+subs[1].Stats().Succeeded >= int64(len(msgs))
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for _, d := range disorder {
+		t.Errorf("%s", d)
+	}
+	if peak < 2 {
+		t.Errorf("at most %d row in work at once: other groups were blocked", peak)
+	}
+	if subs[0].Stats().Succeeded == 0 || subs[1].Stats().Succeeded == 0 {
+		t.Logf("one broker delivered every row: %+v %+v", subs[0].Stats(), subs[1].Stats())
+	}
+}
+
+// AdvisoryKeys: rows with equal keys never run at once, rows with different
+// keys do, and equal keys in two tables wait for each other.
+func AdvisoryKeys(t TB, tg *Target, f core.Form) {
+	b1, b2 := tg.broker(t), tg.broker(t)
+	tb := tg.fresh(t, b1.DB(), f, nil)
+	var msgs []msg
+	for i := 0; i < volume(tg, 60, 30); i++ {
+		msgs = append(msgs, msg{Acct: fmt.Sprint(i % 3), Body: fmt.Sprint(i)})
+	}
+	publish(t, b1, tb, msgs...)
+	var mu sync.Mutex
+	inWork := map[string]int{}
+	var total, peak int
+	var overlaps []string
+	h := func(ctx context.Context, d *core.Delivery) error {
+		mu.Lock()
+		inWork[d.Key()]++
+		total++
+		peak = max(peak, total)
+		if inWork[d.Key()] > 1 {
+			overlaps = append(overlaps, d.Key())
+		}
+		mu.Unlock()
+		time.Sleep(3 * time.Millisecond)
+		mu.Lock()
+		inWork[d.Key()]--
+		total--
+		mu.Unlock()
+		return nil
+	}
+	subs := []*sqlxbroker.Subscription{subscribe(t, b1, tb, h, quick), subscribe(t, b2, tb, h, quick)}
+	waitFor(t, time.Minute, "every row delivered", func() bool {
+		return subs[0].Stats().Succeeded+subs[1].Stats().Succeeded >= int64(len(msgs))
+	})
+	mu.Lock()
+	if len(overlaps) > 0 {
+		t.Errorf("rows with equal keys ran at once: %v", overlaps)
+	}
+	if peak < 2 {
+		t.Errorf("rows with different keys never ran at once (peak %d)", peak)
+	}
+	mu.Unlock()
+
+	// Two tables, one key: the key belongs to the database.
+	other := tg.fresh(t, b1.DB(), f, nil)
+	publish(t, b1, tb, msg{Acct: "shared"})
+	publish(t, b1, other, msg{Acct: "shared"})
+	holder := form(t, b1, tb)
+	held := claim(t, holder, 1)
+	if len(held) != 1 {
+		t.Fatalf("claimed %d rows, want 1", len(held))
+	}
+	waiter := form(t, b2, other)
+	if got := claim(t, waiter, 1); len(got) != 0 {
+		t.Errorf("a row of another table with an equal key was claimed while the key was held")
+		for _, c := range got {
+			complete(t, c, core.Released)
+		}
+	}
+	complete(t, held[0], core.Succeeded)
+	var got []core.Claim
+	waitFor(t, 5*time.Second, "the other table's row once the key is free", func() bool {
+		got = claim(t, waiter, 1)
+		return len(got) == 1
+	})
+	complete(t, got[0], core.Succeeded)
+}
+
+// HandlerTx: in the row-lock form the handler's writes through Delivery.Tx
+// commit with success and roll back with failure, while the attempt is
+// still counted.
+func HandlerTx(t TB, tg *Target, f core.Form) {
+	b := tg.broker(t)
+	tb := tg.fresh(t, b.DB(), f, nil)
+	side := tg.fresh(t, b.DB(), f, nil) // a second table to write into
+	publish(t, b, tb, msg{Acct: "a", Body: "fail"}, msg{Acct: "b", Body: "ok"})
+	q := tg.Dialect.QuoteIdent
+	s := subscribe(t, b, tb, func(ctx context.Context, d *core.Delivery) error {
+		tx, err := d.Tx()
+		if err != nil {
+			return err
+		}
+		var m msg
+		if err := d.Scan(&m); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, tx.Rebind("INSERT INTO "+q(side.Name)+" ("+q("body")+", "+q("attempt")+") VALUES (?, 1)"), fmt.Sprint(m.Body, d.Attempt())); err != nil {
+			return err
+		}
+		if m.Body == "fail" && d.Attempt() == 1 {
+			return errors.New("fail once")
+		}
+		return nil
+	}, quick)
+	waitFor(t, 20*time.Second, "both rows completed", func() bool { return s.Stats().Succeeded == 2 })
+	_ = s.Stop(context.Background())
+	for _, c := range []struct {
+		body string
+		want int
+	}{{"fail1", 0}, {"fail2", 1}, {"ok1", 1}} {
+		if n := count(t, b.DB(), tg.Dialect, side.Name, q("body")+" = ?", c.body); n != c.want {
+			t.Errorf("handler write %q committed %d times, want %d", c.body, n, c.want)
+		}
+	}
+}
+
+// Unavailable: a form the dialect does not offer fails with
+// ErrFormUnavailable at subscribe time.
+func Unavailable(t TB, tg *Target, f core.Form) {
+	b := tg.broker(t)
+	tb := core.Table{Name: "cf_unavailable", DeadAt: "dead_at"}
+	switch f {
+	case core.Lease:
+		tb.LockedUntil = "locked_until"
+	case core.Advisory:
+		tb.AdvisoryLock = "acct-{acct}"
+	}
+	_, err := b.Subscribe(context.Background(), tb, func(context.Context, *core.Delivery) error { return nil }, quick)
+	if !errors.Is(err, core.ErrFormUnavailable) {
+		t.Fatalf("subscribing to a %s table returned %v, want ErrFormUnavailable", f, err)
+	}
+	if !strings.Contains(err.Error(), f.String()) {
+		t.Errorf("error %q does not name the form", err)
+	}
+}
+
+// BadDescriptions: each bad table description fails at subscribe time with
+// an error that names the problem, and the table does not change.
+func BadDescriptions(t TB, tg *Target, f core.Form) {
+	b := tg.broker(t)
+	tb := tg.fresh(t, b.DB(), f, nil)
+	publish(t, b, tb, msg{Acct: "a"})
+	before := snapshot(t, tg, b, tb)
+	cases := []struct {
+		name, want string
+		edit       func(*core.Table)
+	}{
+		{"missing column", "no_such", func(x *core.Table) { x.ReadyAt = "no_such" }},
+		{"unknown key column", "nope", func(x *core.Table) { x.LockedUntil, x.Lease, x.AdvisoryLock = "", 0, "k-{nope}" }},
+		{"fractional lease", "1.5s", func(x *core.Table) { x.AdvisoryLock, x.LockedUntil, x.Lease = "", "locked_until", 1500 * time.Millisecond }},
+		{"empty name", "Name", func(x *core.Table) { x.Name = "" }},
+		{"injection", "must match", func(x *core.Table) { x.Name = tb.Name + "; DROP TABLE " + tb.Name + "; --" }},
+		{"injection in key", "must match", func(x *core.Table) { x.LockedUntil, x.Lease, x.AdvisoryLock = "", 0, "k-{acct) OR 1=1 --}" }},
+		{"missing table", "cf_missing", func(x *core.Table) { x.Name = "cf_missing" }},
+	}
+	for _, c := range cases {
+		x := tb
+		c.edit(&x)
+		s, err := b.Subscribe(context.Background(), x, func(context.Context, *core.Delivery) error { return nil }, quick)
+		if err == nil {
+			_ = s.Stop(context.Background())
+			t.Errorf("%s: subscribe succeeded", c.name)
+			continue
+		}
+		if !errors.Is(err, core.ErrInvalidTable) && !errors.Is(err, core.ErrFormUnavailable) {
+			t.Errorf("%s: error %v is not ErrInvalidTable", c.name, err)
+		}
+		if !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %q does not name %q", c.name, err, c.want)
+		}
+	}
+	if after := snapshot(t, tg, b, tb); after != before {
+		t.Errorf("bad descriptions changed the table:\n before %s\n after  %s", before, after)
+	}
+}
+
+// VersionGate: on the target's old server the forms it names fail at
+// subscribe time with ErrServerTooOld, and the other offered forms work.
+func VersionGate(t TB, tg *Target) {
+	old := *tg
+	old.Open = tg.OldServer
+	for _, f := range core.FormsOf(tg.Dialect) {
+		b := old.broker(t)
+		tb := old.fresh(t, b.DB(), f, nil)
+		s, err := b.Subscribe(context.Background(), tb, func(context.Context, *core.Delivery) error { return nil }, quick)
+		refused := false
+		for _, r := range tg.OldServerRefuses {
+			refused = refused || r == f
+		}
+		switch {
+		case refused && !errors.Is(err, core.ErrServerTooOld):
+			t.Errorf("%s form on the old server: %v, want ErrServerTooOld", f, err)
+		case !refused && err != nil:
+			t.Errorf("%s form on the old server: %v", f, err)
+		}
+		if s != nil {
+			_ = s.Stop(context.Background())
+		}
+	}
+}

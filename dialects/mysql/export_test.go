@@ -1,0 +1,4 @@
+package mysql
+
+// CheckVersion exposes the version decision to the external tests.
+var CheckVersion = checkVersion

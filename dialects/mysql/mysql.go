@@ -1,0 +1,429 @@
+// Package mysql is the MySQL and MariaDB dialect of sqlxbroker, on
+// github.com/go-sql-driver/mysql (driver name "mysql"), for MySQL 8.0.1+ and
+// MariaDB 10.6+, the first releases that skip locked rows. Import it for its
+// side effect:
+//
+//	import _ "github.com/sqlxbroker/sqlxbroker/dialects/mysql"
+//
+// What the dialect does:
+//
+//   - row lock: SELECT .. FOR UPDATE SKIP LOCKED in a READ COMMITTED
+//     transaction, so a claim locks the rows it takes and not the gaps;
+//   - lease: in the claim transaction, a locking select of the rows, one
+//     UPDATE of the found ids (deadline, attempt + 1), a re-read of them;
+//   - advisory lock: GET_LOCK(name, 0) and RELEASE_LOCK(name) on the
+//     delivery's connection, name = DATABASE() ':' key (as bytes), replaced
+//     by its hex SHA-256 when over 64 bytes (GET_LOCK's limit). A server
+//     may fold the case of lock names (MariaDB's manual says it does, 10.11
+//     compares bytes), so short keys that differ only in case may exclude
+//     each other, never the reverse;
+//   - FIFO guard: a locking read of the group's unfinished rows that skips
+//     rows others hold; the group is the claim's when no row was skipped.
+//
+// Times are sent as fixed-format UTC text ("2006-01-02 15:04:05.000000"),
+// never as time.Time, so the DSN's parseTime and loc change nothing the
+// library compares; the server converts the text when it meets a DATETIME
+// column. A lease column must be DATETIME(6): a column without microseconds
+// would not hold the deadline token exactly, and TIMESTAMP converts through
+// the session time zone. CheckTable refuses other types; CreateTable makes
+// every timestamp column DATETIME(6). With parseTime=true the driver reads
+// DATETIME values as wall clock in loc, so leave loc at its default (UTC)
+// when handlers read the table's timestamps.
+//
+// The registered dialect speaks what MySQL and MariaDB share, and so uses no
+// RETURNING. On MariaDB, Dialect{MariaDB: true} adds DELETE .. RETURNING
+// (batched lease completions); pass it to sqlxbroker.OpenDialect.
+//
+// Every statement with arguments costs three round trips (prepare, execute,
+// close) unless the DSN says interpolateParams=true, which makes it one; the
+// dialect works either way.
+//
+// Limits: a FIFO table in the advisory form needs MariaDB (the form's take
+// is an UPDATE with a subquery on its own table, which MySQL 8 rejects with
+// error 1093). A FIFO table refuses Table.Isolation SERIALIZABLE: InnoDB
+// turns the claim's plain reads of the group into locking reads that wait
+// for rows in work, so claims would no longer skip them.
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	_ "github.com/go-sql-driver/mysql" // the "mysql" database/sql driver
+	"github.com/jmoiron/sqlx"
+	"github.com/sqlxbroker/sqlxbroker"
+	"github.com/sqlxbroker/sqlxbroker/core"
+)
+
+func init() { sqlxbroker.Register("mysql", Dialect{}) }
+
+// Dialect is the MySQL/MariaDB dialect. The zero value serves both servers.
+type Dialect struct {
+	// MariaDB declares the server MariaDB: lease completions are batched
+	// with DELETE .. RETURNING, and CheckServer refuses a MySQL server.
+	MariaDB bool
+}
+
+var _ interface {
+	core.Dialect
+	core.RowLocker
+	core.Leaser
+	core.AdvisoryLocker
+	core.GroupGuard
+	core.ServerChecker
+	core.TableChecker
+	core.TableCreator
+} = Dialect{}
+
+func (d Dialect) Name() string {
+	if d.MariaDB {
+		return "MariaDB"
+	}
+	return "MySQL/MariaDB"
+}
+
+func (Dialect) QuoteIdent(s string) string { return "`" + strings.ReplaceAll(s, "`", "``") + "`" }
+
+func (Dialect) BindType() int { return sqlx.QUESTION }
+
+// timeLayout is what DATETIME(6) reads from text, exactly.
+const timeLayout = "2006-01-02 15:04:05.000000"
+
+// EncodeTime sends times as fixed-format UTC text.
+func (Dialect) EncodeTime(t time.Time) any { return t.UTC().Format(timeLayout) }
+
+// Features: MariaDB has DELETE .. RETURNING (10.0.5+) but no UPDATE ..
+// RETURNING; MySQL has neither.
+func (d Dialect) Features() core.Features { return core.Features{DeleteReturning: d.MariaDB} }
+
+// SkipLocked is the locking clause of claims.
+func (Dialect) SkipLocked() string { return "FOR UPDATE SKIP LOCKED" }
+
+// ClaimIsolation is READ COMMITTED: locking reads lock the rows they return,
+// not the gaps between them, and each statement reads the latest commits.
+func (Dialect) ClaimIsolation() sql.IsolationLevel { return sql.LevelReadCommitted }
+
+// ---- server ----
+
+// CheckServer checks the version and the session settings a pool gives:
+// autocommit must be on (the advisory form writes outside transactions) and
+// columnsWithAlias off (the forms find columns by their plain names).
+func (d Dialect) CheckServer(ctx context.Context, db *sqlx.DB, form core.Form) error {
+	var version string
+	var autocommit int
+	if err := db.QueryRowxContext(ctx, "SELECT VERSION(), @@autocommit").Scan(&version, &autocommit); err != nil {
+		return fmt.Errorf("sqlxbroker: mysql: read server version: %w", err)
+	}
+	if err := checkVersion(version, form); err != nil {
+		return err
+	}
+	if d.MariaDB && !isMariaDB(version) {
+		return fmt.Errorf("sqlxbroker: mysql: Dialect{MariaDB: true} on MySQL %s, which has no DELETE .. RETURNING: use the registered dialect (Dialect{})", version)
+	}
+	if autocommit != 1 {
+		return fmt.Errorf("sqlxbroker: mysql: the sessions run with autocommit=0, so statements outside a transaction never commit: remove autocommit=0 from the DSN")
+	}
+	rows, err := db.QueryxContext(ctx, "SELECT x FROM (SELECT 1 AS x) AS t")
+	if err != nil {
+		return fmt.Errorf("sqlxbroker: mysql: check column names: %w", err)
+	}
+	cols, err := rows.Columns()
+	rows.Close()
+	if err != nil {
+		return fmt.Errorf("sqlxbroker: mysql: check column names: %w", err)
+	}
+	if len(cols) != 1 || cols[0] != "x" {
+		return fmt.Errorf("sqlxbroker: mysql: the driver names columns %q instead of \"x\": remove columnsWithAlias=true from the DSN", cols)
+	}
+	return nil
+}
+
+// Lowest versions: the first releases with SELECT .. FOR UPDATE SKIP LOCKED.
+var (
+	minMySQL   = [3]int{8, 0, 1}
+	minMariaDB = [3]int{10, 6, 0}
+)
+
+var versionRE = regexp.MustCompile(`^(\d+)\.(\d+)\.(\d+)`)
+
+func isMariaDB(version string) bool { return strings.Contains(strings.ToLower(version), "mariadb") }
+
+// checkVersion decides whether a server reporting version (SELECT VERSION())
+// is new enough: nil, a *core.VersionError, or an error for a version it
+// cannot read.
+func checkVersion(version string, form core.Form) error {
+	server, need := "MySQL", minMySQL
+	v := version
+	if isMariaDB(version) {
+		server, need = "MariaDB", minMariaDB
+		v = strings.TrimPrefix(v, "5.5.5-") // the replication-compatible prefix
+	}
+	m := versionRE.FindStringSubmatch(v)
+	if m == nil {
+		return fmt.Errorf("sqlxbroker: mysql: cannot read the server version %q", version)
+	}
+	var got [3]int
+	for i := range got {
+		got[i], _ = strconv.Atoi(m[i+1])
+	}
+	for i := range got {
+		if got[i] != need[i] {
+			if got[i] > need[i] {
+				return nil
+			}
+			return &core.VersionError{Server: server, Found: m[0], Form: form,
+				Need:   fmt.Sprintf("%d.%d.%d", need[0], need[1], need[2]),
+				Reason: "the first release with SELECT .. FOR UPDATE SKIP LOCKED"}
+		}
+	}
+	return nil
+}
+
+// columnType reads a column's DATA_TYPE and DATETIME_PRECISION.
+const columnType = `SELECT DATA_TYPE, COALESCE(DATETIME_PRECISION, -1) FROM information_schema.COLUMNS
+WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? AND COLUMN_NAME = ?`
+
+// CheckTable fails with a *core.TableError for a FIFO table with SERIALIZABLE
+// claims (their plain reads wait for held rows), and when the lease column
+// is not DATETIME(6): the deadline it stores is the delivery token, compared
+// for equality, so it must keep microseconds and undergo no time zone
+// conversion. A column the lookup does not find is left to Plan.CheckLive.
+func (Dialect) CheckTable(ctx context.Context, db *sqlx.DB, p *core.Plan) error {
+	if p.Table.Group != "" && p.Table.Isolation == sql.LevelSerializable {
+		return &core.TableError{Table: p.Table.Name, Field: "Isolation",
+			Reason: "a FIFO table cannot claim at SERIALIZABLE on MySQL/MariaDB: InnoDB makes the plain reads of the group locking reads that wait for rows in work; use READ COMMITTED (the default) or REPEATABLE READ"}
+	}
+	if p.Table.LockedUntil == "" {
+		return nil
+	}
+	var schema any
+	name := p.Table.Name
+	if s, n, ok := strings.Cut(name, "."); ok {
+		schema, name = s, n
+	}
+	var typ string
+	var prec int
+	err := db.QueryRowxContext(ctx, columnType, schema, name, p.Table.LockedUntil).Scan(&typ, &prec)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil
+	case err != nil:
+		return fmt.Errorf("sqlxbroker: mysql: read the type of %s.%s: %w", p.Table.Name, p.Table.LockedUntil, err)
+	case strings.EqualFold(typ, "datetime") && prec == 6:
+		return nil
+	}
+	return &core.TableError{Table: p.Table.Name, Field: "LockedUntil",
+		Reason: fmt.Sprintf("column %q is %s(%d): the lease deadline is compared exactly, so the column must be DATETIME(6)", p.Table.LockedUntil, typ, max(prec, 0))}
+}
+
+// ---- lease ----
+
+const (
+	// leaseLock picks and locks the rows to claim (%[4]s is p.Where).
+	leaseLock = "SELECT %[1]s.%[2]s FROM %[3]s %[1]s WHERE %[4]s ORDER BY %[5]s LIMIT %[6]d FOR UPDATE SKIP LOCKED"
+	// leaseSet writes the deadline and counts the attempt of the locked ids.
+	leaseSet = "UPDATE %[1]s SET %[2]s = ?, %[3]s = %[3]s + 1 WHERE %[4]s IN (%[5]s)"
+	// leaseRead returns the claimed rows as they now are.
+	leaseRead = "SELECT * FROM %[1]s WHERE %[2]s IN (%[3]s) ORDER BY %[4]s"
+)
+
+// ClaimLeases locks up to p.Limit claimable rows, skipping held ones, sets
+// their deadline and attempt in one UPDATE, and re-reads them, all in tx.
+func (Dialect) ClaimLeases(ctx context.Context, tx *sqlx.Tx, p *core.LeaseClaimParams) (*sqlx.Rows, error) {
+	pl := p.Plan
+	var ids []any
+	err := tx.SelectContext(ctx, &ids, fmt.Sprintf(leaseLock, pl.Alias, pl.QID, pl.QTable, p.Where, pl.OrderBy(pl.Alias), p.Limit), p.Args...)
+	if err != nil {
+		return nil, err
+	}
+	in := "NULL" // no row: the read returns none, with the table's columns
+	if len(ids) > 0 {
+		in = "?" + strings.Repeat(", ?", len(ids)-1)
+		set := fmt.Sprintf(leaseSet, pl.QTable, pl.QLockedUntil, pl.QAttempt, pl.QID, in)
+		if _, err := tx.ExecContext(ctx, set, append([]any{p.Deadline}, ids...)...); err != nil {
+			return nil, err
+		}
+	}
+	return tx.QueryxContext(ctx, fmt.Sprintf(leaseRead, pl.QTable, pl.QID, in, pl.QOrder), ids...)
+}
+
+// ---- advisory ----
+
+// lockName turns the hex of a key into its lock name: DATABASE() ':' key as
+// bytes, or its hex SHA-256 when over 64 bytes. Bytes, not text, so the
+// name does not depend on the connection's character set.
+const lockName = "(SELECT IF(LENGTH(n) > 64, SHA2(n, 256), n) FROM (SELECT CONCAT(COALESCE(DATABASE(), ''), ':', UNHEX(?)) AS n) AS k)"
+
+const (
+	tryLock = "SELECT GET_LOCK(" + lockName + ", 0)"  // 1 taken, 0 held elsewhere, NULL error
+	unlock  = "SELECT RELEASE_LOCK(" + lockName + ")" // 1 released, 0 or NULL not ours
+)
+
+// TryAdvisoryLock takes key's GET_LOCK for conn's session without waiting.
+func (Dialect) TryAdvisoryLock(ctx context.Context, conn *sqlx.Conn, key string) (bool, error) {
+	var got sql.NullInt64
+	if err := conn.QueryRowxContext(ctx, tryLock, hexOf(key)).Scan(&got); err != nil {
+		return false, err
+	}
+	if !got.Valid {
+		return false, fmt.Errorf("sqlxbroker: mysql: GET_LOCK for key %q returned NULL", key)
+	}
+	return got.Int64 == 1, nil
+}
+
+// AdvisoryUnlock releases key's GET_LOCK; a key not held is no error.
+func (Dialect) AdvisoryUnlock(ctx context.Context, conn *sqlx.Conn, key string) error {
+	var released sql.NullInt64
+	return conn.QueryRowxContext(ctx, unlock, hexOf(key)).Scan(&released)
+}
+
+func hexOf(s string) string { return fmt.Sprintf("%x", s) }
+
+// ---- FIFO guard ----
+
+const (
+	// guardRead lists the group's unfinished rows, and whether each holds
+	// a live lease (%[5]s), as committed.
+	guardRead = "SELECT %[1]s, %[5]s FROM %[2]s WHERE %[3]s = ? AND %[4]s"
+	// guardLock locks the group's unfinished rows that no one else holds.
+	guardLock = "SELECT %[1]s FROM %[2]s WHERE %[3]s = ? AND %[4]s FOR UPDATE SKIP LOCKED"
+)
+
+// GuardGroup locks every unfinished row of the group for the rest of tx and
+// reports whether it got them all: false when another transaction holds one
+// (a row-lock delivery, a claim in progress) or a row holds a live lease.
+// Rows committed between the two reads make it false too, to be tried again
+// at the next claim. SKIP LOCKED rather than NOWAIT: it never fails, so the
+// transaction and the guards it took before stay intact whatever
+// innodb_rollback_on_timeout says.
+func (Dialect) GuardGroup(ctx context.Context, tx *sqlx.Tx, p *core.GroupGuardParams) (bool, error) {
+	pl := p.Plan
+	unfinished := pl.Unfinished("")
+	leased, args := "0", []any{p.Group}
+	if pl.QLockedUntil != "" {
+		leased = "COALESCE(" + pl.QLockedUntil + " > ?, 0)"
+		args = []any{pl.Time(core.Now()), p.Group}
+	}
+	rows, err := tx.QueryxContext(ctx, fmt.Sprintf(guardRead, pl.QID, pl.QTable, pl.QGroup, unfinished, leased), args...)
+	if err != nil {
+		return false, err
+	}
+	var seen []string
+	ok := true
+	for rows.Next() {
+		var id any
+		var live bool
+		if err := rows.Scan(&id, &live); err != nil {
+			rows.Close()
+			return false, err
+		}
+		ok = ok && !live
+		seen = append(seen, keyOf(id))
+	}
+	if err := rows.Err(); err != nil || !ok {
+		return false, err
+	}
+	var locked []any
+	if err := tx.SelectContext(ctx, &locked, fmt.Sprintf(guardLock, pl.QID, pl.QTable, pl.QGroup, unfinished), p.Group); err != nil {
+		return false, err
+	}
+	mine := make(map[string]bool, len(locked))
+	for _, id := range locked {
+		mine[keyOf(id)] = true
+	}
+	for _, id := range seen {
+		if !mine[id] {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// keyOf makes ids read as []byte (text protocol) and as int64 comparable.
+func keyOf(v any) string {
+	if b, ok := v.([]byte); ok {
+		return string(b)
+	}
+	return fmt.Sprint(v)
+}
+
+// ---- DDL ----
+
+var (
+	types = map[string]string{"text": "TEXT", "bigint": "BIGINT", "int": "INT", "bool": "BOOLEAN", "timestamp": "DATETIME(6)", "bytes": "BLOB"}
+	// indexed are the types of columns used in an index or as a key.
+	indexed = map[string]string{"text": "VARCHAR(255)", "bytes": "VARBINARY(255)"}
+)
+
+// CreateTable returns one CREATE TABLE with the recommended columns and
+// indexes: BIGINT AUTO_INCREMENT id, attempt INT NOT NULL DEFAULT 1,
+// DATETIME(6) timestamps, VARCHAR(255) group and key columns, an index on
+// a custom order column and (group, order) for FIFO. Text compares
+// byte-wise (utf8mb4_bin), as groups and keys do in Go.
+func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
+	pl := p.Plan
+	t := &pl.Table
+	special := map[string]string{} // lower-cased name: why it is indexed
+	if t.Order != "" {
+		special[strings.ToLower(t.Order)] = "order"
+	}
+	if t.Group != "" {
+		special[strings.ToLower(t.Group)] = "group"
+	}
+	if pl.Key != nil {
+		for _, c := range pl.Key.Columns() {
+			special[strings.ToLower(c)] = "key"
+		}
+	}
+	cols := []string{pl.QID + " BIGINT AUTO_INCREMENT PRIMARY KEY", pl.QAttempt + " INT NOT NULL DEFAULT 1"}
+	seen := map[string]bool{strings.ToLower(t.IDColumn()): true, strings.ToLower(t.AttemptColumn()): true}
+	add := func(name, typ string) {
+		if l := strings.ToLower(name); !seen[l] {
+			seen[l] = true
+			if special[l] == "order" {
+				typ += " NOT NULL"
+			}
+			cols = append(cols, d.QuoteIdent(name)+" "+typ)
+		}
+	}
+	for _, c := range p.Payload {
+		typ, ok := types[c[1]]
+		if !ok {
+			return nil, fmt.Errorf("sqlxbroker: mysql: payload column %s: unknown type %q", c[0], c[1])
+		}
+		if ix, ok := indexed[c[1]]; ok && special[strings.ToLower(c[0])] != "" {
+			typ = ix
+		}
+		add(c[0], typ)
+	}
+	for _, c := range []string{t.LockedUntil, t.ReadyAt, t.DeadAt, t.DoneAt} {
+		if c != "" {
+			add(c, "DATETIME(6) NULL")
+		}
+	}
+	if t.Order != "" {
+		add(t.Order, "BIGINT")
+	}
+	if t.Group != "" {
+		add(t.Group, "VARCHAR(255) NULL")
+	}
+	if pl.Key != nil {
+		for _, c := range pl.Key.Columns() {
+			add(c, "VARCHAR(255) NULL")
+		}
+	}
+	if t.Order != "" && !strings.EqualFold(t.Order, t.IDColumn()) {
+		cols = append(cols, "INDEX `sqlxbroker_order` ("+pl.QOrder+")")
+	}
+	if t.Group != "" {
+		cols = append(cols, "INDEX `sqlxbroker_fifo` ("+pl.QGroup+", "+pl.QOrder+")")
+	}
+	return []string{"CREATE TABLE IF NOT EXISTS " + pl.QTable + " (\n  " + strings.Join(cols, ",\n  ") +
+		"\n) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"}, nil
+}

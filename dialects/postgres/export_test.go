@@ -1,0 +1,9 @@
+package postgres
+
+// Internals under test from package postgres_test.
+var (
+	CheckVersion  = checkVersion
+	VersionString = versionString
+	ChannelOf     = channelOf
+	IndexName     = indexName
+)

@@ -1,0 +1,296 @@
+// Package postgres is the PostgreSQL dialect of sqlxbroker. It serves the
+// database/sql driver names "postgres" (github.com/lib/pq) and "pgx" (the
+// jackc/pgx stdlib driver, which this package does not import). Import it
+// for its side effect:
+//
+//	import _ "github.com/sqlxbroker/sqlxbroker/dialects/postgres"
+//
+// What PostgreSQL offers (9.5 or newer; the advisory form needs 11):
+//
+//   - row lock: SELECT .. FOR UPDATE SKIP LOCKED at the server's isolation
+//     (READ COMMITTED unless the table description sets one);
+//   - lease: one statement locks the claimable rows (skipping locked ones),
+//     writes the deadline and counts the attempt, and returns the rows in
+//     claim order;
+//   - advisory lock: pg_try_advisory_lock on hashtextextended(key, 0), a
+//     64-bit hash of the key (PostgreSQL 11+). The lock belongs to the
+//     session, so the form needs a direct connection or a pooler in session
+//     mode: behind PgBouncer in transaction or statement mode a key would be
+//     taken on one server session and released on another;
+//   - FIFO guard: pg_try_advisory_xact_lock(table oid, hashtext(group)), the
+//     two-key form, so guards never share a lock with the advisory form's
+//     one-key locks, and works on every supported server;
+//   - wake-ups: Publish runs pg_notify in the publishing transaction and
+//     subscriptions LISTEN on one shared connection per pool (lib/pq only;
+//     see Dialect.Listen).
+//
+// A server older than a form needs fails the subscription at start with a
+// *core.VersionError (core.ErrServerTooOld).
+package postgres
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+	"github.com/sqlxbroker/sqlxbroker"
+	"github.com/sqlxbroker/sqlxbroker/core"
+)
+
+func init() {
+	sqlxbroker.Register("postgres", Dialect{})
+	sqlxbroker.Register("pgx", Dialect{})
+}
+
+// Dialect is the PostgreSQL dialect. The zero value is ready to use, e.g.
+// with sqlxbroker.OpenDialect for a driver registered under another name.
+type Dialect struct{}
+
+var _ interface {
+	core.Dialect
+	core.RowLocker
+	core.Leaser
+	core.AdvisoryLocker
+	core.GroupGuard
+	core.ServerChecker
+	core.Waker
+	core.TableCreator
+} = Dialect{}
+
+func (Dialect) Name() string { return "PostgreSQL" }
+
+// QuoteIdent double-quotes ident.
+func (Dialect) QuoteIdent(ident string) string { return pq.QuoteIdentifier(ident) }
+
+func (Dialect) BindType() int { return sqlx.DOLLAR }
+
+// EncodeTime passes times as time.Time in UTC: a timestamptz column keeps
+// microseconds, so a deadline compares equal on every session.
+func (Dialect) EncodeTime(t time.Time) any { return t.UTC() }
+
+func (Dialect) Features() core.Features {
+	return core.Features{DeleteReturning: true, UpdateReturning: true}
+}
+
+// SkipLocked locks the selected rows and skips rows others hold.
+func (Dialect) SkipLocked() string { return "FOR UPDATE SKIP LOCKED" }
+
+// ClaimIsolation is the server's default, READ COMMITTED unless configured
+// otherwise: each statement of a claim sees the latest commits.
+func (Dialect) ClaimIsolation() sql.IsolationLevel { return sql.LevelDefault }
+
+// claimLeases picks the rows with a locking select that skips locked rows
+// (a CTE with FOR UPDATE is evaluated once, never inlined), updates exactly
+// those, and returns them in claim order. The where clause is over alias
+// c, inside the CTE; the table is u in the update, so RETURNING u.* reads
+// every column of the updated row.
+//
+//	%[1]s table  %[2]s alias c  %[3]s where  %[4]s order by (over c)
+//	%[5]s limit  %[6]s id       %[7]s lease  %[8]s attempt  %[9]s order column
+const claimLeases = `WITH picked AS (
+  SELECT %[2]s.%[6]s FROM %[1]s %[2]s WHERE %[3]s ORDER BY %[4]s LIMIT %[5]d FOR UPDATE SKIP LOCKED
+), claimed AS (
+  UPDATE %[1]s u SET %[7]s = ?, %[8]s = u.%[8]s + 1 FROM picked WHERE u.%[6]s = picked.%[6]s RETURNING u.*
+)
+SELECT * FROM claimed ORDER BY %[9]s`
+
+// ClaimLeases claims up to p.Limit rows in one statement.
+func (Dialect) ClaimLeases(ctx context.Context, tx *sqlx.Tx, p *core.LeaseClaimParams) (*sqlx.Rows, error) {
+	pl := p.Plan
+	q := fmt.Sprintf(claimLeases, pl.QTable, pl.Alias, p.Where, pl.OrderBy(pl.Alias), p.Limit,
+		pl.QID, pl.QLockedUntil, pl.QAttempt, pl.QOrder)
+	// The where args come first in the text, the deadline after them.
+	return tx.QueryxContext(ctx, pl.Rebind(q), append(append([]any{}, p.Args...), p.Deadline)...)
+}
+
+const (
+	tryAdvisoryLock = `SELECT pg_try_advisory_lock(hashtextextended($1, 0))`
+	advisoryUnlock  = `SELECT pg_advisory_unlock(hashtextextended($1, 0))`
+)
+
+// TryAdvisoryLock takes the session lock on a 64-bit hash of key without
+// waiting. Keys are the database's: equal keys from two tables (or from the
+// application's own pg_advisory_lock(hashtextextended(key, 0))) exclude
+// each other. Keys PostgreSQL text cannot hold (a NUL byte, invalid UTF-8)
+// are hashed in a Go-quoted form; distinct keys that hash alike merely run
+// one at a time.
+func (Dialect) TryAdvisoryLock(ctx context.Context, conn *sqlx.Conn, key string) (bool, error) {
+	var ok bool
+	err := conn.QueryRowContext(ctx, tryAdvisoryLock, textKey(key)).Scan(&ok)
+	return ok, err
+}
+
+// AdvisoryUnlock releases key on conn's session; a key not held is no error
+// (the server only warns).
+func (Dialect) AdvisoryUnlock(ctx context.Context, conn *sqlx.Conn, key string) error {
+	var ok bool
+	return conn.QueryRowContext(ctx, advisoryUnlock, textKey(key)).Scan(&ok)
+}
+
+// textKey returns key if PostgreSQL text can hold it, else its Go-quoted form.
+func textKey(key string) string {
+	if utf8.ValidString(key) && !strings.ContainsRune(key, 0) {
+		return key
+	}
+	return strconv.QuoteToASCII(key)
+}
+
+// guardGroup locks (table, group) for the rest of the transaction. The
+// table is resolved to its oid, so "jobs" and "public.jobs" guard alike;
+// the two-key form lives apart from the one-key locks of the advisory form.
+const guardGroup = `SELECT pg_try_advisory_xact_lock($1::regclass::oid::int, hashtext($2::text))`
+
+// GuardGroup tries the transaction-scoped lock of the group without
+// waiting. Two groups whose hashtext collides (about 1 in 4 billion pairs)
+// guard each other: they keep their order but may wait for each other.
+func (Dialect) GuardGroup(ctx context.Context, tx *sqlx.Tx, p *core.GroupGuardParams) (bool, error) {
+	g := p.Group
+	if b, ok := g.([]byte); ok {
+		g = string(b)
+	}
+	var ok bool
+	err := tx.QueryRowContext(ctx, guardGroup, p.Plan.QTable, g).Scan(&ok)
+	return ok, err
+}
+
+// Server versions (server_version_num) the forms need.
+const (
+	minSkipLocked = 90500  // FOR UPDATE SKIP LOCKED
+	minAdvisory   = 110000 // hashtextextended
+)
+
+// CheckServer reads server_version_num and fails with a *core.VersionError
+// when the server is too old for form. It is one round trip per
+// subscription start, so nothing is cached.
+func (Dialect) CheckServer(ctx context.Context, db *sqlx.DB, form core.Form) error {
+	var s string
+	if err := db.QueryRowContext(ctx, "SHOW server_version_num").Scan(&s); err != nil {
+		return fmt.Errorf("sqlxbroker: postgres: read server_version_num: %w", err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil {
+		return fmt.Errorf("sqlxbroker: postgres: server_version_num %q: %w", s, err)
+	}
+	return checkVersion(n, form)
+}
+
+// checkVersion decides whether server version num (server_version_num)
+// serves form.
+func checkVersion(num int, form core.Form) error {
+	tooOld := func(need, reason string) error {
+		return &core.VersionError{Server: "PostgreSQL", Found: versionString(num), Need: need, Form: form, Reason: reason}
+	}
+	switch {
+	case num < minSkipLocked:
+		return tooOld("9.5", "FOR UPDATE SKIP LOCKED")
+	case form == core.Advisory && num < minAdvisory:
+		return tooOld("11", "hashtextextended, the 64-bit hash of advisory keys")
+	}
+	return nil
+}
+
+// versionString renders server_version_num: 90600 is "9.6.0", 150020 "15.20".
+func versionString(num int) string {
+	if num >= 100000 {
+		return fmt.Sprintf("%d.%d", num/10000, num%10000)
+	}
+	return fmt.Sprintf("%d.%d.%d", num/10000, num/100%100, num%100)
+}
+
+// ddlTypes maps the portable payload types.
+var ddlTypes = map[string]string{
+	"text": "text", "bigint": "bigint", "int": "integer", "bool": "boolean",
+	"timestamp": "timestamptz", "bytes": "bytea",
+}
+
+// CreateTable returns the recommended table and its indexes: a bigserial id,
+// attempt starting at 1, timestamptz for the lease and state columns, the
+// group, order and key columns (text, bigint for an order column, unless
+// the payload types them), the payload columns; a partial index on the
+// claim order over unfinished rows, and for a FIFO table one on (group,
+// order) that the group-head check reads.
+func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
+	pl := p.Plan
+	t := &pl.Table
+	typed := map[string]string{}
+	for _, c := range p.Payload {
+		typ, ok := ddlTypes[c[1]]
+		if !ok {
+			return nil, fmt.Errorf("sqlxbroker: postgres: payload column %s: unknown type %q (use text, bigint, int, bool, timestamp or bytes)", c[0], c[1])
+		}
+		typed[strings.ToLower(c[0])] = typ
+	}
+	var cols []string
+	seen := map[string]bool{}
+	add := func(name, def string, fixed bool) error {
+		k := strings.ToLower(name)
+		if seen[k] {
+			return nil
+		}
+		seen[k] = true
+		if typ, ok := typed[k]; ok {
+			if fixed {
+				return fmt.Errorf("sqlxbroker: postgres: payload column %s is a column the broker types itself", name)
+			}
+			def = typ
+		}
+		cols = append(cols, d.QuoteIdent(name)+" "+def)
+		return nil
+	}
+	fixed := [][2]string{
+		{t.IDColumn(), "bigserial PRIMARY KEY"}, {t.AttemptColumn(), "integer NOT NULL DEFAULT 1"},
+		{t.LockedUntil, "timestamptz"}, {t.ReadyAt, "timestamptz"}, {t.DeadAt, "timestamptz"}, {t.DoneAt, "timestamptz"},
+	}
+	for _, c := range fixed {
+		if c[0] != "" {
+			if err := add(c[0], c[1], true); err != nil {
+				return nil, err
+			}
+		}
+	}
+	free := [][2]string{{t.OrderColumn(), "bigint NOT NULL"}, {t.Group, "text"}}
+	if pl.Key != nil {
+		for _, c := range pl.Key.Columns() {
+			free = append(free, [2]string{c, "text"})
+		}
+	}
+	for _, c := range p.Payload {
+		free = append(free, [2]string{c[0], ""})
+	}
+	for _, c := range free {
+		if c[0] != "" {
+			_ = add(c[0], c[1], false)
+		}
+	}
+	stmts := []string{"CREATE TABLE IF NOT EXISTS " + pl.QTable + " (\n  " + strings.Join(cols, ",\n  ") + "\n)"}
+	where := ""
+	if u := pl.Unfinished(""); u != "1=1" {
+		where = " WHERE " + u
+	}
+	if where != "" || t.OrderColumn() != t.IDColumn() {
+		stmts = append(stmts, "CREATE INDEX IF NOT EXISTS "+d.QuoteIdent(indexName(t.Name, "claim"))+" ON "+pl.QTable+" ("+pl.QOrder+")"+where)
+	}
+	if t.Group != "" {
+		stmts = append(stmts, "CREATE INDEX IF NOT EXISTS "+d.QuoteIdent(indexName(t.Name, "fifo"))+" ON "+pl.QTable+" ("+pl.QGroup+", "+pl.QOrder+")"+where)
+	}
+	return stmts, nil
+}
+
+// indexName names an index of table (created in the table's schema), at
+// most 63 bytes: a long name is cut and made unique with a hash.
+func indexName(table, suffix string) string {
+	name := table[strings.LastIndexByte(table, '.')+1:] + "_" + suffix
+	if len(name) <= core.MaxIdentLength {
+		return name
+	}
+	sum := sha256.Sum256([]byte(table + "_" + suffix))
+	return name[:core.MaxIdentLength-17] + "_" + hex.EncodeToString(sum[:8])
+}

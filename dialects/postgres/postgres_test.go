@@ -1,0 +1,628 @@
+package postgres_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	_ "github.com/glebarez/go-sqlite" // a non-pq driver for the Listen refusal
+	"github.com/jmoiron/sqlx"
+	"github.com/sqlxbroker/sqlxbroker"
+	"github.com/sqlxbroker/sqlxbroker/core"
+	"github.com/sqlxbroker/sqlxbroker/dialects/postgres"
+)
+
+// Run against a live server with
+//
+//	SQLXBROKER_POSTGRES_DSN='postgres://root@127.0.0.1:5432/test?sslmode=disable' go test -race ./dialects/postgres/
+//
+// SQLXBROKER_REQUIRE_DB=1 turns the skip without a DSN into a failure (CI).
+
+func dsn(t *testing.T) string {
+	t.Helper()
+	s := os.Getenv("SQLXBROKER_POSTGRES_DSN")
+	if s == "" {
+		msg := "no PostgreSQL: set SQLXBROKER_POSTGRES_DSN, e.g. 'postgres://user@127.0.0.1:5432/db?sslmode=disable'"
+		if os.Getenv("SQLXBROKER_REQUIRE_DB") == "1" {
+			t.Fatal(msg + " (SQLXBROKER_REQUIRE_DB=1 forbids the skip)")
+		}
+		t.Skip(msg)
+	}
+	return s
+}
+
+// openDB opens a new pool; app, when set, becomes its application_name so a
+// test can find (and kill) its sessions.
+func openDB(t *testing.T, app string) *sqlx.DB {
+	t.Helper()
+	s := dsn(t)
+	if app != "" {
+		switch {
+		case strings.Contains(s, "://") && strings.Contains(s, "?"):
+			s += "&application_name=" + app
+		case strings.Contains(s, "://"):
+			s += "?application_name=" + app
+		default:
+			s += " application_name=" + app
+		}
+	}
+	db, err := sqlx.Open("postgres", s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(30)
+	if err := db.Ping(); err != nil {
+		t.Fatalf("ping %s: %v", s, err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func openBroker(t *testing.T, db *sqlx.DB) *sqlxbroker.Broker {
+	t.Helper()
+	b, err := sqlxbroker.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func uniq(prefix string) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// formCase is one claim form's table description.
+type formCase struct {
+	name  string
+	table func(name string, lease time.Duration) sqlxbroker.Table
+}
+
+var formCases = []formCase{
+	{"rowlock", func(n string, _ time.Duration) sqlxbroker.Table { return sqlxbroker.Table{Name: n} }},
+	{"lease", func(n string, l time.Duration) sqlxbroker.Table {
+		return sqlxbroker.Table{Name: n, LockedUntil: "locked_until", Lease: l}
+	}},
+	{"advisory", func(n string, _ time.Duration) sqlxbroker.Table {
+		return sqlxbroker.Table{Name: n, AdvisoryLock: "acct-{account}"}
+	}},
+}
+
+// createTable creates tbl with an account column (and grp for FIFO) and
+// drops it when the test ends.
+func createTable(t *testing.T, b *sqlxbroker.Broker, tbl sqlxbroker.Table) {
+	t.Helper()
+	payload := [][2]string{{"account", "bigint"}}
+	if err := b.CreateTable(context.Background(), tbl, payload...); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := b.DB().Exec("DROP TABLE IF EXISTS " + postgres.Dialect{}.QuoteIdent(tbl.Name)); err != nil {
+			t.Errorf("drop %s: %v", tbl.Name, err)
+		}
+	})
+}
+
+func publish(t *testing.T, b *sqlxbroker.Broker, tbl sqlxbroker.Table, msgs []any) {
+	t.Helper()
+	if err := b.Publish(context.Background(), b.DB(), tbl, msgs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func accounts(from, n int) []any {
+	msgs := make([]any, n)
+	for i := range msgs {
+		msgs[i] = map[string]any{"account": int64(from + i)}
+	}
+	return msgs
+}
+
+func count(t *testing.T, db *sqlx.DB, table string) int {
+	t.Helper()
+	var n int
+	if err := db.Get(&n, "SELECT count(*) FROM "+postgres.Dialect{}.QuoteIdent(table)); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// waitFor polls cond until it holds or d passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// startForm returns a started, hand-driven claim form.
+func startForm(t *testing.T, b *sqlxbroker.Broker, tbl sqlxbroker.Table) core.ClaimForm {
+	t.Helper()
+	f, err := b.Form(tbl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+func completeAll(t *testing.T, cs []core.Claim) {
+	t.Helper()
+	for _, c := range cs {
+		if err := c.Complete(context.Background(), core.Outcome{Kind: core.Succeeded}); err != nil {
+			t.Errorf("complete %v: %v", c.Delivery().ID(), err)
+		}
+	}
+}
+
+func stopAll(t *testing.T, subs []*sqlxbroker.Subscription) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, s := range subs {
+		if err := s.Stop(ctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	}
+}
+
+func idOf(d *core.Delivery) int64 {
+	switch v := d.ID().(type) {
+	case int64:
+		return v
+	default:
+		panic(fmt.Sprintf("id %T", v))
+	}
+}
+
+// TestContention: 8 subscriptions over 2 pools complete 5,000 rows exactly
+// once; in the advisory form no two deliveries of one key overlap.
+func TestContention(t *testing.T) {
+	const rows = 5000
+	keysN := 50
+	if k := os.Getenv("KEYSN"); k != "" {
+		fmt.Sscan(k, &keysN)
+	}
+	for _, fc := range formCases {
+		t.Run(fc.name, func(t *testing.T) {
+			b1, b2 := openBroker(t, openDB(t, "")), openBroker(t, openDB(t, ""))
+			tbl := fc.table(uniq("sxb_cont_"), 0)
+			createTable(t, b1, tbl)
+			msgs := make([]any, rows)
+			for i := range msgs {
+				msgs[i] = map[string]any{"account": int64(i % keysN)}
+			}
+			publish(t, b1, tbl, msgs)
+
+			var mu sync.Mutex
+			seen := map[int64]int{}
+			keys := map[string]bool{}
+			var dups, overlaps int
+			h := func(ctx context.Context, d *sqlxbroker.Delivery) error {
+				mu.Lock()
+				if seen[idOf(d)]++; seen[idOf(d)] > 1 {
+					dups++
+				}
+				if k := d.Key(); k != "" {
+					if keys[k] {
+						overlaps++
+					}
+					keys[k] = true
+				}
+				mu.Unlock()
+				time.Sleep(100 * time.Microsecond) // a little work, so deliveries overlap
+				mu.Lock()
+				delete(keys, d.Key())
+				mu.Unlock()
+				return nil
+			}
+			var subs []*sqlxbroker.Subscription
+			for i := range 8 {
+				b := []*sqlxbroker.Broker{b1, b2}[i%2]
+				s, err := b.Subscribe(context.Background(), tbl, h, sqlxbroker.SubscribeParams{Concurrency: 4, PollInterval: 50 * time.Millisecond})
+				if err != nil {
+					t.Fatal(err)
+				}
+				subs = append(subs, s)
+			}
+			start := time.Now()
+			waitFor(t, 90*time.Second, "5000 deliveries", func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == rows })
+			stopAll(t, subs)
+			t.Logf("%s: %d rows in %v", fc.name, rows, time.Since(start).Round(time.Millisecond))
+			var succeeded int64
+			for _, s := range subs {
+				succeeded += s.Stats().Succeeded
+			}
+			if len(seen) != rows || dups != 0 || overlaps != 0 || succeeded != rows {
+				t.Fatalf("seen %d rows, %d duplicates, %d key overlaps, %d succeeded; want %d, 0, 0, %d", len(seen), dups, overlaps, succeeded, rows, rows)
+			}
+			if n := count(t, b1.DB(), tbl.Name); n != 0 {
+				t.Fatalf("%d rows left in the table", n)
+			}
+		})
+	}
+}
+
+// TestSkipNotWait: while another session holds a row, a claim returns the
+// others at once.
+func TestSkipNotWait(t *testing.T) {
+	const rows = 10
+	for _, fc := range formCases {
+		t.Run(fc.name, func(t *testing.T) {
+			ctx := context.Background()
+			db1, db2 := openDB(t, ""), openDB(t, "")
+			b1 := openBroker(t, db1)
+			tbl := fc.table(uniq("sxb_skip_"), 0)
+			createTable(t, b1, tbl)
+			publish(t, b1, tbl, accounts(1, rows))
+			q := postgres.Dialect{}.QuoteIdent(tbl.Name)
+			var first int64
+			if err := db1.Get(&first, "SELECT min(id) FROM "+q); err != nil {
+				t.Fatal(err)
+			}
+			held := map[int64]bool{first: true}
+
+			// The holder, for 5 s at most: in the advisory form a session that
+			// holds the first row's key; otherwise a transaction that locks the
+			// first row (and in the lease form a live lease on the second).
+			hctx, hcancel := context.WithTimeout(ctx, 5*time.Second)
+			defer hcancel()
+			if fc.name == "advisory" {
+				conn, err := db2.Connx(hctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer conn.Close()
+				var acct int64
+				if err := db1.Get(&acct, "SELECT account FROM "+q+" WHERE id = $1", first); err != nil {
+					t.Fatal(err)
+				}
+				key := fmt.Sprintf("acct-%d", acct)
+				if ok, err := (postgres.Dialect{}).TryAdvisoryLock(hctx, conn, key); err != nil || !ok {
+					t.Fatalf("hold key %s: %v %v", key, ok, err)
+				}
+				defer postgres.Dialect{}.AdvisoryUnlock(ctx, conn, key)
+			} else {
+				tx, err := db2.BeginTxx(hctx, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tx.Rollback()
+				if _, err := tx.Exec("SELECT id FROM "+q+" WHERE id = $1 FOR UPDATE", first); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if fc.name == "lease" {
+				future := time.Now().Add(time.Hour).UTC()
+				if _, err := db1.Exec("UPDATE "+q+" SET locked_until = $1 WHERE id = $2", future, first+1); err != nil {
+					t.Fatal(err)
+				}
+				held[first+1] = true
+			}
+
+			f := startForm(t, b1, tbl)
+			begin := time.Now()
+			cs, err := f.Claim(ctx, rows)
+			took := time.Since(begin)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer completeAll(t, cs)
+			if took > 200*time.Millisecond {
+				t.Errorf("claim took %v, want < 200ms", took)
+			}
+			if len(cs) != rows-len(held) {
+				t.Errorf("claimed %d rows, want %d", len(cs), rows-len(held))
+			}
+			for _, c := range cs {
+				if held[idOf(c.Delivery())] {
+					t.Errorf("claimed held row %d", idOf(c.Delivery()))
+				}
+			}
+			t.Logf("%s: claimed %d of %d rows in %v with %d held", fc.name, len(cs), rows, took, len(held))
+		})
+	}
+}
+
+// killSessions terminates every session of application_name app and waits
+// until they are gone.
+func killSessions(t *testing.T, db *sqlx.DB, app string) {
+	t.Helper()
+	var killed []bool
+	if err := db.Select(&killed, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1", app); err != nil {
+		t.Fatal(err)
+	}
+	if len(killed) == 0 {
+		t.Fatalf("no session of %s to kill", app)
+	}
+	waitFor(t, 5*time.Second, "killed sessions to end", func() bool {
+		var n int
+		_ = db.Get(&n, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", app)
+		return n == 0
+	})
+}
+
+// TestCrashRecovery kills the sessions of a broker with a delivery in work:
+// row-lock rows are claimable at once with the attempt unchanged, advisory
+// rows at once with the attempt counted, lease rows once the lease ends,
+// with the attempt counted.
+func TestCrashRecovery(t *testing.T) {
+	for _, fc := range formCases {
+		t.Run(fc.name, func(t *testing.T) {
+			ctx := context.Background()
+			app := uniq("sxbcrash_")
+			db1, db2 := openDB(t, app), openDB(t, "")
+			b1, b2 := openBroker(t, db1), openBroker(t, db2)
+			tbl := fc.table(uniq("sxb_crash_"), time.Second)
+			createTable(t, b2, tbl)
+			publish(t, b2, tbl, accounts(1, 1))
+
+			f1 := startForm(t, b1, tbl)
+			cs, err := f1.Claim(ctx, 1)
+			if err != nil || len(cs) != 1 || cs[0].Delivery().Attempt() != 1 {
+				t.Fatalf("first claim: %d claims, %v", len(cs), err)
+			}
+			claimed := time.Now()
+			if fc.name == "lease" {
+				f1.Close() // a crashed process renews nothing
+			}
+			killSessions(t, db2, app)
+
+			f2 := startForm(t, b2, tbl)
+			var again []core.Claim
+			switch fc.name {
+			case "lease":
+				if again, err = f2.Claim(ctx, 1); err != nil || (len(again) > 0 && time.Since(claimed) < 900*time.Millisecond) {
+					t.Fatalf("claim during the lease: %d claims, %v", len(again), err)
+				}
+				waitFor(t, 5*time.Second, "the lease to end", func() bool {
+					again, err = f2.Claim(ctx, 1)
+					return err != nil || len(again) > 0
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d := time.Since(claimed); d < time.Second {
+					t.Errorf("reclaimed after %v, inside the 1s lease", d)
+				}
+			default:
+				again, err = f2.Claim(ctx, 1)
+				if err != nil || len(again) != 1 {
+					t.Fatalf("claim after the crash: %d claims, %v; want the row at once", len(again), err)
+				}
+			}
+			want := map[string]int{"rowlock": 1, "lease": 2, "advisory": 2}[fc.name]
+			if got := again[0].Delivery().Attempt(); got != want {
+				t.Errorf("attempt after the crash = %d, want %d", got, want)
+			}
+			t.Logf("%s: reclaimed after %v, attempt %d", fc.name, time.Since(claimed).Round(time.Millisecond), again[0].Delivery().Attempt())
+			completeAll(t, again)
+			if n := count(t, db2, tbl.Name); n != 0 {
+				t.Fatalf("%d rows left", n)
+			}
+		})
+	}
+}
+
+// TestFIFO: two brokers on one FIFO table keep each group in order, one row
+// of a group in work at a time.
+func TestFIFO(t *testing.T) {
+	const groups, perGroup = 3, 30
+	for _, fc := range formCases {
+		t.Run(fc.name, func(t *testing.T) {
+			b1, b2 := openBroker(t, openDB(t, "")), openBroker(t, openDB(t, ""))
+			tbl := fc.table(uniq("sxb_fifo_"), 0)
+			tbl.Group = "grp"
+			createTable(t, b1, tbl)
+			var msgs []any
+			for i := range groups * perGroup {
+				msgs = append(msgs, map[string]any{"account": int64(i), "grp": fmt.Sprintf("g%d", i%groups)})
+			}
+			publish(t, b1, tbl, msgs)
+
+			var mu sync.Mutex
+			order := map[string][]int64{}
+			inWork := map[string]int{}
+			var total, overlaps int
+			h := func(ctx context.Context, d *sqlxbroker.Delivery) error {
+				v, _ := d.Value("grp")
+				g := fmt.Sprint(v)
+				if b, ok := v.([]byte); ok {
+					g = string(b)
+				}
+				mu.Lock()
+				if inWork[g]++; inWork[g] > 1 {
+					overlaps++
+				}
+				order[g] = append(order[g], idOf(d))
+				mu.Unlock()
+				time.Sleep(time.Millisecond) // a little work, so a second claim could overlap
+				mu.Lock()
+				inWork[g]--
+				total++
+				mu.Unlock()
+				return nil
+			}
+			var subs []*sqlxbroker.Subscription
+			for _, b := range []*sqlxbroker.Broker{b1, b2, b1, b2} {
+				s, err := b.Subscribe(context.Background(), tbl, h, sqlxbroker.SubscribeParams{Concurrency: 3, PollInterval: 20 * time.Millisecond})
+				if err != nil {
+					t.Fatal(err)
+				}
+				subs = append(subs, s)
+			}
+			waitFor(t, 60*time.Second, "every FIFO row", func() bool { mu.Lock(); defer mu.Unlock(); return total == groups*perGroup })
+			stopAll(t, subs)
+			if overlaps != 0 {
+				t.Errorf("%d times two rows of a group were in work at once", overlaps)
+			}
+			for g, ids := range order {
+				if len(ids) != perGroup {
+					t.Errorf("group %s: %d deliveries, want %d", g, len(ids), perGroup)
+				}
+				for i := 1; i < len(ids); i++ {
+					if ids[i] <= ids[i-1] {
+						t.Errorf("group %s out of order: %v", g, ids)
+						break
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestAdvisoryKeysAcrossTables: equal keys of two tables exclude each other;
+// other keys do not wait.
+func TestAdvisoryKeysAcrossTables(t *testing.T) {
+	ctx := context.Background()
+	b1, b2 := openBroker(t, openDB(t, "")), openBroker(t, openDB(t, ""))
+	ta := sqlxbroker.Table{Name: uniq("sxb_keya_"), AdvisoryLock: "acct-{account}"}
+	tb := sqlxbroker.Table{Name: uniq("sxb_keyb_"), AdvisoryLock: "acct-{account}"}
+	createTable(t, b1, ta)
+	createTable(t, b1, tb)
+	publish(t, b1, ta, accounts(7, 1))
+	publish(t, b1, tb, accounts(7, 2)) // accounts 7 and 8
+
+	fa, fb := startForm(t, b1, ta), startForm(t, b2, tb)
+	ca, err := fa.Claim(ctx, 1)
+	if err != nil || len(ca) != 1 || ca[0].Delivery().Key() != "acct-7" {
+		t.Fatalf("claim table A: %d claims, %v", len(ca), err)
+	}
+	cb, err := fb.Claim(ctx, 10)
+	if err != nil || len(cb) != 1 || cb[0].Delivery().Key() != "acct-8" {
+		t.Fatalf("claim table B while A holds acct-7: %d claims, %v; want only acct-8", len(cb), err)
+	}
+	completeAll(t, ca)
+	cb2, err := fb.Claim(ctx, 10)
+	if err != nil || len(cb2) != 1 || cb2[0].Delivery().Key() != "acct-7" {
+		t.Fatalf("claim table B after A released acct-7: %d claims, %v", len(cb2), err)
+	}
+	completeAll(t, append(cb, cb2...))
+}
+
+// TestVersionGate decides forms by server_version_num.
+func TestVersionGate(t *testing.T) {
+	for _, c := range []struct {
+		num    int
+		found  string
+		tooOld []core.Form
+	}{
+		{90400, "9.4.0", []core.Form{core.RowLock, core.Lease, core.Advisory}},
+		{90600, "9.6.0", []core.Form{core.Advisory}},
+		{100023, "10.23", []core.Form{core.Advisory}},
+		{110000, "11.0", nil},
+		{150020, "15.20", nil},
+	} {
+		if got := postgres.VersionString(c.num); got != c.found {
+			t.Errorf("VersionString(%d) = %q, want %q", c.num, got, c.found)
+		}
+		for _, f := range core.Forms {
+			err := postgres.CheckVersion(c.num, f)
+			want := false
+			for _, o := range c.tooOld {
+				want = want || o == f
+			}
+			var ve *core.VersionError
+			switch {
+			case !want && err != nil:
+				t.Errorf("%d %s: %v, want nil", c.num, f, err)
+			case want && (!errors.Is(err, core.ErrServerTooOld) || !errors.As(err, &ve)):
+				t.Errorf("%d %s: %v, want a *core.VersionError", c.num, f, err)
+			case want && (ve.Found != c.found || ve.Form != f || (c.num >= 90500) != (ve.Need == "11")):
+				t.Errorf("%d %s: %+v", c.num, f, ve)
+			}
+		}
+	}
+	if db := os.Getenv("SQLXBROKER_POSTGRES_DSN"); db != "" {
+		for _, f := range core.Forms {
+			if err := (postgres.Dialect{}).CheckServer(context.Background(), openDB(t, ""), f); err != nil {
+				t.Errorf("live server, %s: %v", f, err)
+			}
+		}
+	}
+}
+
+// TestWake: a publish from another pool wakes an idle subscription that
+// would otherwise poll every 30 s.
+func TestWake(t *testing.T) {
+	b1, b2 := openBroker(t, openDB(t, "")), openBroker(t, openDB(t, ""))
+	tbl := sqlxbroker.Table{Name: uniq("sxb_wake_")}
+	createTable(t, b1, tbl)
+	got := make(chan time.Time, 10)
+	s, err := b1.Subscribe(context.Background(), tbl, func(ctx context.Context, d *sqlxbroker.Delivery) error {
+		got <- time.Now()
+		return nil
+	}, sqlxbroker.SubscribeParams{PollInterval: 30 * time.Second, MinPollInterval: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopAll(t, []*sqlxbroker.Subscription{s})
+	// The first row may be taken by the subscription's first claim; each
+	// later one only by a wake-up, the next poll being 30 s away.
+	for i := range 4 {
+		sent := time.Now()
+		publish(t, b2, tbl, accounts(i, 1))
+		select {
+		case at := <-got:
+			if d := at.Sub(sent); i > 0 && d >= time.Second {
+				t.Errorf("publish %d woke the subscription after %v, want < 1s", i, d)
+			} else {
+				t.Logf("publish %d handled after %v", i, d.Round(time.Millisecond))
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("publish %d: no delivery within 5s", i)
+		}
+	}
+}
+
+// TestListen: the channel closes with its context; a driver other than
+// lib/pq is refused at once.
+func TestListen(t *testing.T) {
+	d := postgres.Dialect{}
+	lite := sqlx.MustOpen("sqlite", ":memory:")
+	defer lite.Close()
+	p, err := core.NewPlan(d, core.Table{Name: "jobs"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Listen(context.Background(), lite, p); err == nil {
+		t.Error("Listen on a sqlite pool: nil error")
+	}
+	if n := postgres.ChannelOf(&core.Plan{Table: core.Table{Name: strings.Repeat("s", 63) + "." + strings.Repeat("t", 63)}}); len(n) > 63 {
+		t.Errorf("channel %q is longer than 63 bytes", n)
+	}
+	if a, b := postgres.IndexName(strings.Repeat("t", 63), "claim"), postgres.IndexName(strings.Repeat("t", 63), "fifo"); len(a) > 63 || a == b {
+		t.Errorf("index names %q, %q", a, b)
+	}
+
+	db := openDB(t, "")
+	ctx, cancel := context.WithCancel(context.Background())
+	ch, err := d.Listen(ctx, db, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	waitFor(t, time.Second, "the channel to close", func() bool {
+		select {
+		case _, ok := <-ch:
+			return !ok
+		default:
+			return false
+		}
+	})
+}
