@@ -1,0 +1,42 @@
+// Command sqlxbroker runs the library's demo, its conformance suite against
+// any database, and its benchmark.
+//
+//	sqlxbroker demo                 # embedded SQLite, no set-up
+//	sqlxbroker conformance --driver postgres --dsn postgres://...
+package main
+
+import (
+	"fmt"
+	"os"
+)
+
+const usage = `usage: sqlxbroker <command> [flags]
+
+commands:
+  demo          publish and drain messages on an embedded SQLite file
+  conformance   run the conformance suite against a database (--driver, --dsn)
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "demo":
+		err = demo(os.Args[2:])
+	case "conformance":
+		err = conformanceCmd(os.Args[2:])
+	case "-h", "--help", "help":
+		fmt.Print(usage)
+		return
+	default:
+		fmt.Fprintf(os.Stderr, "sqlxbroker: unknown command %q\n%s", os.Args[1], usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sqlxbroker:", err)
+		os.Exit(1)
+	}
+}
