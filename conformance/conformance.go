@@ -73,6 +73,9 @@ type Target struct {
 	// (the other offered forms must work on it).
 	OldServer        func(t TB) *sqlx.DB
 	OldServerRefuses []core.Form
+	// ChildArgs are the arguments the crash scenario re-runs os.Args[0]
+	// with; nil re-runs the current top-level Go test.
+	ChildArgs []string
 }
 
 // Scenario is one check of one form.

@@ -23,10 +23,15 @@ const childEnv = "SQLXBROKER_CONFORMANCE_CHILD"
 // childMode runs the crash child when the environment asks for it: claim one
 // row, say so on stdout, and hang until killed. It reports whether it ran.
 func childMode(t *testing.T, tg *Target) bool {
-	spec := os.Getenv(childEnv)
-	if spec == "" {
+	if os.Getenv(childEnv) == "" {
 		return false
 	}
+	runChild(t, tg)
+	return true
+}
+
+func runChild(t TB, tg *Target) {
+	spec := os.Getenv(childEnv)
 	var tb core.Table
 	if err := json.Unmarshal([]byte(spec), &tb); err != nil {
 		fmt.Printf("ERROR bad %s: %v\n", childEnv, err)
@@ -58,8 +63,12 @@ func CrashRecovery(t TB, tg *Target, f core.Form) {
 	tb := tg.fresh(t, b.DB(), f, nil)
 	publish(t, b, tb, msg{Acct: "crash"})
 	spec, _ := json.Marshal(tb)
-	top := strings.SplitN(t.Name(), "/", 2)[0]
-	cmd := exec.Command(os.Args[0], "-test.run=^"+regexp.QuoteMeta(top)+"$", "-test.count=1")
+	args := tg.ChildArgs
+	if args == nil {
+		top := strings.SplitN(t.Name(), "/", 2)[0]
+		args = []string{"-test.run=^" + regexp.QuoteMeta(top) + "$", "-test.count=1"}
+	}
+	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), childEnv+"="+string(spec))
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()

@@ -394,6 +394,9 @@ func AdvisoryKeys(t TB, tg *Target, f core.Form) {
 		t.Errorf("rows with different keys never ran at once (peak %d)", peak)
 	}
 	mu.Unlock()
+	for _, s := range subs {
+		_ = s.Stop(context.Background())
+	}
 
 	// Two tables, one key: the key belongs to the database.
 	other := tg.fresh(t, b1.DB(), f, nil)
@@ -491,7 +494,9 @@ func BadDescriptions(t TB, tg *Target, f core.Form) {
 	}{
 		{"missing column", "no_such", func(x *core.Table) { x.ReadyAt = "no_such" }},
 		{"unknown key column", "nope", func(x *core.Table) { x.LockedUntil, x.Lease, x.AdvisoryLock = "", 0, "k-{nope}" }},
-		{"fractional lease", "1.5s", func(x *core.Table) { x.AdvisoryLock, x.LockedUntil, x.Lease = "", "locked_until", 1500 * time.Millisecond }},
+		{"fractional lease", "1.5s", func(x *core.Table) {
+			x.AdvisoryLock, x.LockedUntil, x.Lease = "", "locked_until", 1500*time.Millisecond
+		}},
 		{"empty name", "Name", func(x *core.Table) { x.Name = "" }},
 		{"injection", "must match", func(x *core.Table) { x.Name = tb.Name + "; DROP TABLE " + tb.Name + "; --" }},
 		{"injection in key", "must match", func(x *core.Table) { x.LockedUntil, x.Lease, x.AdvisoryLock = "", 0, "k-{acct) OR 1=1 --}" }},
