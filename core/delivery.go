@@ -31,10 +31,10 @@ type Delivery struct {
 	cols    []string
 	vals    []any
 
-	tx       *sqlx.Tx
-	txOnce   sync.Once
-	txErr    error
-	txMarked bool
+	tx        *sqlx.Tx
+	txOnce    sync.Once
+	txErr     error
+	txMarked  bool
 	savepoint func(*sqlx.Tx) error
 }
 

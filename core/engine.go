@@ -116,7 +116,7 @@ type Subscription struct {
 	stopErr  error
 
 	claimed, succeeded, retried, dead, released, lost atomic.Int64
-	claimErrs, completeErrs, panics                  atomic.Int64
+	claimErrs, completeErrs, panics                   atomic.Int64
 }
 
 // Subscribe starts form (Form.Start) and runs h for every row it claims

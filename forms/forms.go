@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"strings"
 
-
 	"github.com/jmoiron/sqlx"
 	"github.com/sqlxbroker/sqlxbroker/core"
 )
@@ -193,8 +192,6 @@ func idKey(v any) string {
 func newLife() (context.Context, context.CancelFunc) {
 	return context.WithCancel(context.Background())
 }
-
-
 
 // guardedHeads reads up to limit candidate group heads without locks and
 // guards each group with the dialect's GroupGuard, returning the ids of the

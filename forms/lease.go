@@ -349,4 +349,3 @@ func (f *lease) deleteBatch(ctx context.Context, batch []*leaseDone) []error {
 	}
 	return errs
 }
-

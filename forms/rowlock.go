@@ -149,4 +149,3 @@ func (c *rowLockClaim) Complete(ctx context.Context, o core.Outcome) error {
 	}
 	return nil
 }
-

@@ -211,4 +211,3 @@ func fails(body string, attempt, rate int) bool {
 	fmt.Fprintf(h, "attempt %d of message %s", attempt, body)
 	return int(h.Sum32()%100) < rate
 }
-

@@ -239,4 +239,3 @@ func Open(path string) (*sqlx.DB, error) {
 	}
 	return db, db.Ping()
 }
-
