@@ -3,6 +3,7 @@ package sqlxbroker
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"reflect"
 	"strings"
 	"sync"
@@ -71,8 +72,8 @@ func (b *Broker) Subscribe(ctx context.Context, t Table, h Handler, p SubscribeP
 		lctx, stopListen = context.WithCancel(context.Background())
 		if ch, err := w.Listen(lctx, b.db, plan); err == nil {
 			p.Wake = ch
-		} else if p.Logger != nil {
-			p.Logger.Warn("sqlxbroker: wake-ups unavailable, polling only", "table", t.Name, "err", err)
+		} else {
+			logger(p).Warn("sqlxbroker: wake-ups unavailable, polling only", "table", t.Name, "err", err)
 		}
 	}
 	s, err := core.Subscribe(ctx, f, h, p)
@@ -147,7 +148,7 @@ func (b *Broker) Publish(ctx context.Context, q Execer, t Table, msgs ...any) er
 	}
 	if w := p.Caps.Waker; w != nil {
 		if s, args := w.WakeStatement(p); s != "" {
-			if _, err := q.ExecContext(ctx, s, args...); err != nil {
+			if _, err := q.ExecContext(ctx, p.Rebind(s), args...); err != nil {
 				return fmt.Errorf("sqlxbroker: publish to %s: wake-up: %w", t.Name, err)
 			}
 		}
@@ -292,4 +293,11 @@ func (b *Broker) CreateTable(ctx context.Context, t Table, payload ...[2]string)
 		}
 	}
 	return nil
+}
+
+func logger(p SubscribeParams) *slog.Logger {
+	if p.Logger != nil {
+		return p.Logger
+	}
+	return slog.Default()
 }

@@ -163,6 +163,7 @@ type ClaimBeginner interface {
 type Waker interface {
 	// WakeStatement returns a statement (and args) that Publish runs in the
 	// publishing transaction to wake the table's listeners; "" for none.
+	// Placeholders are written '?' and rebound, like every statement.
 	WakeStatement(p *Plan) (string, []any)
 	// Listen returns a channel that receives after rows arrive in the
 	// table. The channel is closed when ctx ends. An error means the

@@ -233,7 +233,9 @@ func (s *Subscription) loop() {
 			idle = s.p.MinPollInterval
 			s.sleep(idle, s.freed)
 		default:
-			s.sleep(idle, nil)
+			// Nothing ready. Work in flight may be what holds the rest (a
+			// key, a FIFO group): its completion ends the wait too.
+			s.sleep(idle, s.freed)
 			idle = min(idle*2, s.p.PollInterval)
 		}
 	}

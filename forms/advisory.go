@@ -54,22 +54,19 @@ func (f *advisory) Close() error {
 // held elsewhere are skipped, so a claim looks further than it needs.
 const candidates = 4
 
+// pages is how many pages of candidates one claim reads at most: the first
+// rows of a busy table mostly have keys in work elsewhere.
+const pages = 8
+
 func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	p := f.plan
 	where, args := p.Ready(p.Alias, core.Now())
-	cols := p.Alias + "." + p.QID
+	cols := p.Alias + "." + p.QID + ", " + p.Alias + "." + p.QOrder
 	for _, k := range p.QKeyCols {
 		cols += ", " + p.Alias + "." + k
 	}
-	rs, err := f.db.QueryxContext(ctx, p.Rebind(fmt.Sprintf("SELECT %s FROM %s %s WHERE %s ORDER BY %s LIMIT %d",
-		cols, p.QTable, p.Alias, where, p.OrderBy(p.Alias), max*candidates)), args...)
-	if err != nil {
-		return nil, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table.Name, err)
-	}
-	cands, err := readRows(rs)
-	if err != nil {
-		return nil, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table.Name, err)
-	}
+	limit := max * candidates
+	page := fmt.Sprintf("SELECT %s FROM %s %s WHERE %s%%s ORDER BY %s LIMIT %d", cols, p.QTable, p.Alias, where, p.OrderBy(p.Alias), limit)
 	var out []core.Claim
 	var conn *sqlx.Conn // a spare connection, reused until a key is locked on it
 	defer func() {
@@ -78,35 +75,54 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 		}
 	}()
 	tried := map[string]bool{}
-	for i := range cands {
-		if len(out) == max || ctx.Err() != nil {
+	var after any // the order value the next page starts after
+	for n := 0; n < pages && len(out) < max && ctx.Err() == nil; n++ {
+		q, a := fmt.Sprintf(page, ""), args
+		if after != nil {
+			q, a = fmt.Sprintf(page, " AND "+p.Alias+"."+p.QOrder+" > ?"), append(append([]any{}, args...), after)
+		}
+		rs, err := f.db.QueryxContext(ctx, p.Rebind(q), a...)
+		if err != nil {
+			return out, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table.Name, err)
+		}
+		cands, err := readRows(rs)
+		if err != nil {
+			return out, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table.Name, err)
+		}
+		for i := range cands {
+			if len(out) == max || ctx.Err() != nil {
+				break
+			}
+			r := &cands[i]
+			key := p.Key.Render(r.get)
+			if tried[key] || !f.hold(key) {
+				continue
+			}
+			tried[key] = true
+			if conn == nil {
+				if conn, err = f.db.Connx(ctx); err != nil {
+					f.drop(key)
+					return out, fmt.Errorf("sqlxbroker: advisory connection: %w", err)
+				}
+			}
+			c, err := f.take(ctx, conn, key, r.vals[0])
+			if err != nil {
+				f.drop(key)
+				conn.Close() // its session state is unknown
+				conn = nil
+				return out, err
+			}
+			if c == nil {
+				f.drop(key)
+				continue
+			}
+			out = append(out, c)
+			conn = nil // it belongs to the delivery now
+		}
+		if len(cands) < limit {
 			break
 		}
-		r := &cands[i]
-		key := p.Key.Render(r.get)
-		if tried[key] || !f.hold(key) {
-			continue
-		}
-		tried[key] = true
-		if conn == nil {
-			if conn, err = f.db.Connx(ctx); err != nil {
-				f.drop(key)
-				return out, fmt.Errorf("sqlxbroker: advisory connection: %w", err)
-			}
-		}
-		c, err := f.take(ctx, conn, key, r.vals[0])
-		if err != nil {
-			f.drop(key)
-			conn.Close() // its session state is unknown
-			conn = nil
-			return out, err
-		}
-		if c == nil {
-			f.drop(key)
-			continue
-		}
-		out = append(out, c)
-		conn = nil // it belongs to the delivery now
+		after = cands[len(cands)-1].vals[1]
 	}
 	return out, nil
 }
@@ -172,7 +188,7 @@ func (f *advisory) count(ctx context.Context, conn *sqlx.Conn, id any) (*row, er
 	var tx *sqlx.Tx
 	if p.QGroup != "" && p.Caps.GroupGuard != nil {
 		var err error
-		if tx, err = conn.BeginTxx(ctx, nil); err != nil {
+		if tx, err = conn.BeginTxx(ctx, f.txOptions()); err != nil {
 			return nil, err
 		}
 		defer tx.Rollback() //nolint:errcheck // no-op after Commit

@@ -68,13 +68,19 @@ func (b *base) start(ctx context.Context, f core.Form) error {
 	return nil
 }
 
-// begin opens a claim transaction whose life is bound to ctx.
-func (b *base) begin(ctx context.Context) (*sqlx.Tx, error) {
+// txOptions are the options of claim transactions: the table's isolation,
+// else the dialect's claim isolation.
+func (b *base) txOptions() *sql.TxOptions {
 	iso := b.plan.Table.Isolation
 	if iso == sql.LevelDefault && b.plan.Caps.RowLocker != nil {
 		iso = b.plan.Caps.RowLocker.ClaimIsolation()
 	}
-	opts := &sql.TxOptions{Isolation: iso}
+	return &sql.TxOptions{Isolation: iso}
+}
+
+// begin opens a claim transaction whose life is bound to ctx.
+func (b *base) begin(ctx context.Context) (*sqlx.Tx, error) {
+	opts := b.txOptions()
 	if c := b.plan.Caps.ClaimBeginner; c != nil {
 		return c.BeginClaim(ctx, b.db, opts)
 	}

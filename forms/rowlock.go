@@ -97,13 +97,30 @@ func (f *rowLock) claimOne(ctx context.Context) (core.Claim, error) {
 // the head is then locked and checked again.
 func (f *rowLock) claimHead(ctx context.Context, tx *sqlx.Tx, where string, args []any) ([]row, error) {
 	p := f.plan
-	heads, err := guardedHeads(ctx, tx, p, where, args, 16)
+	r, err := tx.QueryxContext(ctx, p.Rebind("SELECT "+p.Alias+"."+p.QID+", "+p.Alias+"."+p.QGroup+" FROM "+p.QTable+" "+p.Alias+
+		" WHERE "+where+" ORDER BY "+p.OrderBy(p.Alias)+" LIMIT 16"), args...)
 	if err != nil {
 		return nil, err
 	}
-	lockSQL := "SELECT * FROM " + p.QTable + " " + p.Alias + " WHERE " + where
-	for _, id := range heads {
-		r, err := tx.QueryxContext(ctx, p.Rebind(lockSQL+" AND "+p.Alias+"."+p.QID+" = ? "+p.Caps.RowLocker.SkipLocked()), append(args, id)...)
+	cands, err := readRows(r)
+	if err != nil {
+		return nil, err
+	}
+	lockSQL := p.Rebind("SELECT * FROM " + p.QTable + " " + p.Alias + " WHERE " + where + " AND " + p.Alias + "." + p.QID + " = ? " + p.Caps.RowLocker.SkipLocked())
+	// Guard one group at a time and stop at the first head locked: the
+	// guard lasts as long as the delivery's transaction, so guarding more
+	// groups than the one delivered would hold them all up.
+	for _, c := range cands {
+		if g := c.vals[1]; g != nil {
+			ok, err := p.Caps.GroupGuard.GuardGroup(ctx, tx, &core.GroupGuardParams{Plan: p, Group: g})
+			if err != nil {
+				return nil, fmt.Errorf("guard FIFO group %v: %w", g, err)
+			}
+			if !ok {
+				continue
+			}
+		}
+		r, err := tx.QueryxContext(ctx, lockSQL, append(args, c.vals[0])...)
 		if err != nil {
 			return nil, err
 		}

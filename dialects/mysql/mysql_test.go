@@ -97,7 +97,7 @@ func TestContention(t *testing.T) {
 			for i := range 8 {
 				subs = append(subs, subscribe(t, []*sqlxbroker.Broker{b1, b2}[i%2], tbl, h, p))
 			}
-			waitFor(t, 60*time.Second, "every row completed", func() bool { return done.Load()+failed.Load() >= rows })
+			waitFor(t, 3*time.Minute, "every row completed", func() bool { return done.Load()+failed.Load() >= rows })
 			elapsed := time.Since(start)
 			var st sqlxbroker.Stats
 			for _, s := range subs {
@@ -275,7 +275,11 @@ func TestCrashRecovery(t *testing.T) {
 			if err := c2.Complete(context.Background(), core.Outcome{Kind: core.Succeeded}); err != nil {
 				t.Error(err)
 			}
-			_ = c.Complete(context.Background(), core.Outcome{Kind: core.Succeeded}) // its session is gone
+			if fc.name != "Lease" { // a crashed lease holder never completes
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				_ = c.Complete(ctx, core.Outcome{Kind: core.Succeeded}) // fails: its session is gone
+				cancel()
+			}
 			if n := count(t, db1, tbl, "1=1"); n != 0 {
 				t.Errorf("%d rows left", n)
 			}
@@ -342,7 +346,7 @@ func TestFIFOTwoBrokers(t *testing.T) {
 			for i := range 4 {
 				subscribe(t, []*sqlxbroker.Broker{b1, b2}[i%2], tbl, h, p)
 			}
-			waitFor(t, 30*time.Second, "every row completed", func() bool { return done.Load() == groups*per })
+			waitFor(t, 90*time.Second, "every row completed", func() bool { return done.Load() == groups*per })
 			mu.Lock()
 			defer mu.Unlock()
 			for g, ns := range starts {

@@ -58,6 +58,7 @@ func openDB(t *testing.T, app string) *sqlx.DB {
 		t.Fatal(err)
 	}
 	db.SetMaxOpenConns(30)
+	db.SetMaxIdleConns(30)
 	if err := db.Ping(); err != nil {
 		t.Fatalf("ping %s: %v", s, err)
 	}
@@ -194,10 +195,6 @@ func idOf(d *core.Delivery) int64 {
 // once; in the advisory form no two deliveries of one key overlap.
 func TestContention(t *testing.T) {
 	const rows = 5000
-	keysN := 50
-	if k := os.Getenv("KEYSN"); k != "" {
-		fmt.Sscan(k, &keysN)
-	}
 	for _, fc := range formCases {
 		t.Run(fc.name, func(t *testing.T) {
 			b1, b2 := openBroker(t, openDB(t, "")), openBroker(t, openDB(t, ""))
@@ -205,7 +202,7 @@ func TestContention(t *testing.T) {
 			createTable(t, b1, tbl)
 			msgs := make([]any, rows)
 			for i := range msgs {
-				msgs[i] = map[string]any{"account": int64(i % keysN)}
+				msgs[i] = map[string]any{"account": int64(i % 50)}
 			}
 			publish(t, b1, tbl, msgs)
 
@@ -261,7 +258,7 @@ func TestContention(t *testing.T) {
 // TestSkipNotWait: while another session holds a row, a claim returns the
 // others at once.
 func TestSkipNotWait(t *testing.T) {
-	const rows = 10
+	const rows = 5
 	for _, fc := range formCases {
 		t.Run(fc.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -316,6 +313,7 @@ func TestSkipNotWait(t *testing.T) {
 			}
 
 			f := startForm(t, b1, tbl)
+			warm(t, db1, rows+2) // measure claims, not connection set-up
 			begin := time.Now()
 			cs, err := f.Claim(ctx, rows)
 			took := time.Since(begin)
@@ -336,6 +334,22 @@ func TestSkipNotWait(t *testing.T) {
 			}
 			t.Logf("%s: claimed %d of %d rows in %v with %d held", fc.name, len(cs), rows, took, len(held))
 		})
+	}
+}
+
+// warm opens n connections of db, so claims find them in the pool.
+func warm(t *testing.T, db *sqlx.DB, n int) {
+	t.Helper()
+	var conns []*sqlx.Conn
+	for range n {
+		c, err := db.Connx(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		c.Close()
 	}
 }
 
@@ -373,11 +387,11 @@ func TestCrashRecovery(t *testing.T) {
 			publish(t, b2, tbl, accounts(1, 1))
 
 			f1 := startForm(t, b1, tbl)
+			claimed := time.Now() // the lease runs from before the claim
 			cs, err := f1.Claim(ctx, 1)
 			if err != nil || len(cs) != 1 || cs[0].Delivery().Attempt() != 1 {
 				t.Fatalf("first claim: %d claims, %v", len(cs), err)
 			}
-			claimed := time.Now()
 			if fc.name == "lease" {
 				f1.Close() // a crashed process renews nothing
 			}
@@ -610,12 +624,37 @@ func TestListen(t *testing.T) {
 		t.Errorf("index names %q, %q", a, b)
 	}
 
-	db := openDB(t, "")
+	app := uniq("sxblisten_")
+	db, other := openDB(t, app), openDB(t, "")
 	ctx, cancel := context.WithCancel(context.Background())
 	ch, err := d.Listen(ctx, db, p)
 	if err != nil {
 		t.Fatal(err)
 	}
+	notify := func() {
+		q, args := d.WakeStatement(p)
+		if _, err := other.Exec(q, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	received := func() bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	received() // the start pokes every receiver
+	notify()
+	waitFor(t, time.Second, "a notification", received)
+
+	// A killed listening session is replaced, and wakes its receivers.
+	killSessions(t, other, app)
+	waitFor(t, 2*time.Second, "the wake-up after a reconnect", received)
+	notify()
+	waitFor(t, time.Second, "a notification after the reconnect", received)
+
 	cancel()
 	waitFor(t, time.Second, "the channel to close", func() bool {
 		select {
@@ -625,4 +664,37 @@ func TestListen(t *testing.T) {
 			return false
 		}
 	})
+	// The last receiver gone, the listening connection leaves the pool.
+	waitFor(t, 2*time.Second, "the listening connection to close", func() bool { return db.Stats().InUse == 0 })
+}
+
+// TestDDL: the recommended table, without a database.
+func TestDDL(t *testing.T) {
+	b := sqlxbroker.OpenDialect(nil, postgres.Dialect{})
+	tbl := sqlxbroker.Table{Name: "app.jobs", LockedUntil: "locked_until", Group: "account", DoneAt: "done_at", DeadAt: "dead_at", MaxAttempts: 3, Order: "seq"}
+	stmts, err := b.TableDDL(tbl, [2]string{"body", "bytes"}, [2]string{"account", "bigint"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ddl := strings.Join(stmts, ";\n")
+	t.Log(ddl)
+	for _, want := range []string{
+		`CREATE TABLE IF NOT EXISTS "app"."jobs"`, `"id" bigserial PRIMARY KEY`, `"attempt" integer NOT NULL DEFAULT 1`,
+		`"locked_until" timestamptz`, `"seq" bigint NOT NULL`, `"account" bigint`, `"body" bytea`,
+		`ON "app"."jobs" ("seq") WHERE "dead_at" IS NULL AND "done_at" IS NULL`,
+		`ON "app"."jobs" ("account", "seq") WHERE "dead_at" IS NULL AND "done_at" IS NULL`,
+	} {
+		if !strings.Contains(ddl, want) {
+			t.Errorf("DDL lacks %s", want)
+		}
+	}
+	if _, err := b.TableDDL(tbl, [2]string{"body", "json"}); err == nil {
+		t.Error("unknown payload type: nil error")
+	}
+	if _, err := b.TableDDL(tbl, [2]string{"locked_until", "text"}); err == nil {
+		t.Error("payload retyping the lease column: nil error")
+	}
+	if stmts, _ := b.TableDDL(sqlxbroker.Table{Name: "plain"}); len(stmts) != 1 {
+		t.Errorf("a plain table needs no index beyond its primary key: %v", stmts)
+	}
 }

@@ -231,11 +231,13 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	return stmts, nil
 }
 
-// Open opens path with DSN.
+// Open opens path with DSN, keeping up to 64 idle connections (advisory
+// deliveries each hold one).
 func Open(path string) (*sqlx.DB, error) {
 	db, err := sqlx.Open("sqlite", DSN(path))
 	if err != nil {
 		return nil, err
 	}
+	db.SetMaxIdleConns(64)
 	return db, db.Ping()
 }
