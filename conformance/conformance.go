@@ -283,3 +283,16 @@ func volume(tg *Target, full, short int) int {
 }
 
 func env(k string) string { return strings.TrimSpace(os.Getenv(k)) }
+
+// DSNTarget is the Target of a database reached by driver and dsn: each Open
+// is a new pool, closed when the test ends.
+func DSNTarget(d core.Dialect, driver, dsn string) Target {
+	return Target{Dialect: d, Open: func(t TB) *sqlx.DB {
+		db, err := sqlx.Open(driver, dsn)
+		if err != nil {
+			t.Fatalf("open %s: %v", driver, err)
+		}
+		t.Cleanup(func() { db.Close() })
+		return db
+	}}
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
@@ -22,19 +21,10 @@ func conformanceTarget(driver, dsn string, short bool) (conformance.Target, erro
 	if err != nil {
 		return conformance.Target{}, err
 	}
-	return conformance.Target{
-		Dialect:   d,
-		Short:     short,
-		ChildArgs: append([]string{"conformance", "--driver", driver, "--dsn", dsn}, os.Args[len(os.Args):]...),
-		Open: func(t conformance.TB) *sqlx.DB {
-			db, err := sqlx.Open(driver, dsn)
-			if err != nil {
-				t.Fatalf("open: %v", err)
-			}
-			t.Cleanup(func() { db.Close() })
-			return db
-		},
-	}, nil
+	tg := conformance.DSNTarget(d, driver, dsn)
+	tg.Short = short
+	tg.ChildArgs = []string{"conformance", "--driver", driver, "--dsn", dsn}
+	return tg, nil
 }
 
 func conformanceCmd(args []string) error {
