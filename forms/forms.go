@@ -52,15 +52,16 @@ type base struct {
 
 func (b *base) Plan() *core.Plan { return b.plan }
 
-// start checks the server and the live table.
+// start checks the description against the live table first (a bad
+// description is named as such on any server), then the server.
 func (b *base) start(ctx context.Context, f core.Form) error {
+	if err := b.plan.CheckLive(ctx, b.db); err != nil {
+		return err
+	}
 	if c := b.plan.Caps.ServerChecker; c != nil {
 		if err := c.CheckServer(ctx, b.db, f); err != nil {
 			return err
 		}
-	}
-	if err := b.plan.CheckLive(ctx, b.db); err != nil {
-		return err
 	}
 	if c := b.plan.Caps.TableChecker; c != nil {
 		return c.CheckTable(ctx, b.db, b.plan)

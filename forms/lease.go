@@ -61,12 +61,14 @@ func (f *lease) Close() error {
 
 func (f *lease) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	p := f.plan
-	now := core.Now()
-	deadline := now.Add(f.dur)
 	tx, err := f.begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("sqlxbroker: begin lease claim: %w", err)
 	}
+	// The clock is read once the transaction is open: a begin that waited
+	// for the database (SQLite's one writer) must not shorten the lease.
+	now := core.Now()
+	deadline := now.Add(f.dur)
 	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
 	where, args := p.Ready(p.Alias, now)
 	if p.QGroup != "" && p.Caps.GroupGuard != nil {
@@ -141,8 +143,10 @@ func (c *leaseClaim) expire() {
 	}
 }
 
-// take stops renewal and returns the token completion must name.
-func (c *leaseClaim) take() time.Time {
+// finish stops renewal and returns the token completion must name. It is
+// called when the completion statement is about to run, so a completion that
+// waits its turn in a batch keeps its lease renewed meanwhile.
+func (c *leaseClaim) finish() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.finished = true
@@ -154,10 +158,9 @@ func (c *leaseClaim) take() time.Time {
 }
 
 func (c *leaseClaim) Complete(ctx context.Context, o core.Outcome) error {
-	token := c.take()
 	f := c.f
 	if o.Kind == core.Succeeded && f.plan.QDoneAt == "" {
-		req := &leaseDone{id: c.d.ID(), token: token, reply: make(chan error, 1)}
+		req := &leaseDone{claim: c, reply: make(chan error, 1)}
 		select {
 		case f.complete <- req:
 			select {
@@ -172,6 +175,7 @@ func (c *leaseClaim) Complete(ctx context.Context, o core.Outcome) error {
 			return ctx.Err()
 		}
 	}
+	token := c.finish()
 	q, args := f.completion(o, false, true, " AND "+f.plan.QLockedUntil+" = ?")
 	res, err := f.db.ExecContext(ctx, q, append(args, c.d.ID(), f.plan.Time(token))...)
 	if err != nil {
@@ -207,38 +211,62 @@ func (f *lease) renewer() {
 			claims = append(claims, c)
 		}
 		f.mu.Unlock()
-		for _, c := range claims {
-			f.renew(c)
-		}
+		f.renewAll(claims)
 	}
 }
 
-func (f *lease) renew(c *leaseClaim) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.finished {
-		return
-	}
+// renewAll renews claims in one transaction, so a single-writer database
+// takes its write lock once per round. Each claim is locked until the round
+// ends: a completion waiting for one then names the renewed token. Tokens
+// change only when the transaction commits.
+func (f *lease) renewAll(claims []*leaseClaim) {
 	p := f.plan
-	next := core.Now().Add(f.dur)
+	var held []*leaseClaim
+	defer func() {
+		for _, c := range held {
+			c.mu.Unlock()
+		}
+	}()
 	ctx, cancel := context.WithTimeout(context.Background(), f.dur/2)
 	defer cancel()
-	res, err := f.db.ExecContext(ctx, p.Rebind("UPDATE "+p.QTable+" SET "+p.QLockedUntil+" = ? WHERE "+p.QID+" = ? AND "+p.QLockedUntil+" = ?"),
-		p.Time(next), c.d.ID(), p.Time(c.token))
+	tx, err := f.db.BeginTxx(ctx, nil)
 	if err != nil {
-		return // the expiry timer tells the handler if this goes on
+		return // the expiry timers tell the handlers if this goes on
 	}
-	if n, err := res.RowsAffected(); err == nil && n == 0 {
-		c.markLost()
+	defer tx.Rollback() //nolint:errcheck // no-op after Commit
+	next := core.Now().Add(f.dur)
+	q := p.Rebind("UPDATE " + p.QTable + " SET " + p.QLockedUntil + " = ? WHERE " + p.QID + " = ? AND " + p.QLockedUntil + " = ?")
+	var renewed, lost []*leaseClaim
+	for _, c := range claims {
+		c.mu.Lock()
+		held = append(held, c)
+		if c.finished {
+			continue
+		}
+		res, err := tx.ExecContext(ctx, q, p.Time(next), c.d.ID(), p.Time(c.token))
+		if err != nil {
+			return
+		}
+		if n, err := res.RowsAffected(); err == nil && n == 0 {
+			lost = append(lost, c)
+		} else {
+			renewed = append(renewed, c)
+		}
+	}
+	if err := tx.Commit(); err != nil {
 		return
 	}
-	c.token = next
-	c.timer.Reset(time.Until(next))
+	for _, c := range lost {
+		c.markLost()
+	}
+	for _, c := range renewed {
+		c.token = next
+		c.timer.Reset(time.Until(next))
+	}
 }
 
 type leaseDone struct {
-	id    any
-	token time.Time
+	claim *leaseClaim
 	reply chan error
 }
 
@@ -302,7 +330,7 @@ func (f *lease) deleteBatch(ctx context.Context, batch []*leaseDone) []error {
 		}
 		q := p.Rebind("DELETE FROM " + p.QTable + " WHERE " + p.QID + " = ? AND " + p.QLockedUntil + " = ?")
 		for i, r := range batch {
-			res, err := tx.ExecContext(ctx, q, r.id, p.Time(r.token))
+			res, err := tx.ExecContext(ctx, q, r.claim.d.ID(), p.Time(r.claim.finish()))
 			if err != nil {
 				errs[i] = fmt.Errorf("sqlxbroker: lease completion: %w", err)
 				continue
@@ -324,7 +352,7 @@ func (f *lease) deleteBatch(ctx context.Context, batch []*leaseDone) []error {
 			b.WriteString(" OR ")
 		}
 		b.WriteString("(" + p.QID + " = ? AND " + p.QLockedUntil + " = ?)")
-		args = append(args, r.id, p.Time(r.token))
+		args = append(args, r.claim.d.ID(), p.Time(r.claim.finish()))
 	}
 	b.WriteString(" RETURNING " + p.QID)
 	rows, err := f.db.QueryxContext(ctx, p.Rebind(b.String()), args...)
@@ -337,7 +365,7 @@ func (f *lease) deleteBatch(ctx context.Context, batch []*leaseDone) []error {
 				deleted[idKey(g.vals[0])] = true
 			}
 			for i, r := range batch {
-				if !deleted[idKey(r.id)] {
+				if !deleted[idKey(r.claim.d.ID())] {
 					errs[i] = core.ErrLeaseLost
 				}
 			}

@@ -1,11 +1,14 @@
 package postgres_test
 
 import (
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/sqlxbroker/sqlxbroker/conformance"
 	"github.com/sqlxbroker/sqlxbroker/conformance/provision"
+	"github.com/sqlxbroker/sqlxbroker/core"
 	"github.com/sqlxbroker/sqlxbroker/dialects/postgres"
 )
 
@@ -24,4 +27,66 @@ func TestConformance(t *testing.T) {
 			return db
 		},
 	})
+}
+
+// matrixDSN returns the DSN in env var name, set by scripts/pg-matrix.sh.
+// Unset, the test skips, or fails when SQLXBROKER_REQUIRE_PG_MATRIX=1 (CI).
+func matrixDSN(t *testing.T, name string) string {
+	t.Helper()
+	dsn := strings.TrimSpace(os.Getenv(name))
+	if dsn == "" {
+		msg := name + " is not set; run eval \"$(bash scripts/pg-matrix.sh)\" to start the servers"
+		if os.Getenv("SQLXBROKER_REQUIRE_PG_MATRIX") == "1" {
+			t.Fatal(msg + " (SQLXBROKER_REQUIRE_PG_MATRIX=1)")
+		}
+		t.Skip(msg)
+	}
+	return dsn
+}
+
+// openDSN returns a Target.Open for dsn.
+func openDSN(dsn string) func(t conformance.TB) *sqlx.DB {
+	return func(t conformance.TB) *sqlx.DB {
+		db, err := sqlx.Open("postgres", dsn)
+		if err != nil {
+			t.Fatalf("open: %v", err)
+		}
+		t.Cleanup(func() { db.Close() })
+		return db
+	}
+}
+
+// TestConformanceNewest runs the whole suite on the newest PostgreSQL that
+// scripts/pg-matrix.sh installs (SQLXBROKER_POSTGRES_NEWEST_DSN).
+func TestConformanceNewest(t *testing.T) {
+	dsn := matrixDSN(t, "SQLXBROKER_POSTGRES_NEWEST_DSN")
+	conformance.Run(t, conformance.Target{Dialect: postgres.Dialect{}, Open: openDSN(dsn)})
+}
+
+// TestConformancePostgres10 runs the suite on PostgreSQL 10
+// (SQLXBROKER_POSTGRES10_DSN), which is too old for the advisory form: the
+// version gate checks that advisory subscriptions are refused with
+// ErrServerTooOld and the other forms subscribe, then every scenario of the
+// row-lock and lease forms runs as "<form>/<scenario>".
+func TestConformancePostgres10(t *testing.T) {
+	dsn := matrixDSN(t, "SQLXBROKER_POSTGRES10_DSN")
+	tg := conformance.Target{
+		Dialect:          postgres.Dialect{},
+		Open:             openDSN(dsn),
+		OldServer:        openDSN(dsn),
+		OldServerRefuses: []core.Form{core.Advisory},
+		Short:            testing.Short(),
+	}
+	conformance.MaybeChild(tg) // the crash scenario's child process
+	t.Run("VersionGate", func(t *testing.T) { conformance.VersionGate(t, &tg) })
+	for _, f := range []core.Form{core.RowLock, core.Lease} {
+		t.Run(f.String(), func(t *testing.T) {
+			for _, s := range conformance.Scenarios() {
+				if !s.Applies(tg.Dialect, f) {
+					continue
+				}
+				t.Run(s.Name, func(t *testing.T) { s.Run(t, &tg, f) })
+			}
+		})
+	}
 }
