@@ -13,6 +13,7 @@ package forms
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -52,16 +53,22 @@ type base struct {
 
 func (b *base) Plan() *core.Plan { return b.plan }
 
-// start checks the description against the live table first (a bad
-// description is named as such on any server), then the server.
+// start checks the server (a DSN the dialect refuses, a version too old),
+// then the description against the live table.
 func (b *base) start(ctx context.Context, f core.Form) error {
-	if err := b.plan.CheckLive(ctx, b.db); err != nil {
-		return err
-	}
 	if c := b.plan.Caps.ServerChecker; c != nil {
 		if err := c.CheckServer(ctx, b.db, f); err != nil {
+			if errors.Is(err, core.ErrServerTooOld) {
+				// A bad description is named as such on any server.
+				if lerr := b.plan.CheckLive(ctx, b.db); lerr != nil {
+					return lerr
+				}
+			}
 			return err
 		}
+	}
+	if err := b.plan.CheckLive(ctx, b.db); err != nil {
+		return err
 	}
 	if c := b.plan.Caps.TableChecker; c != nil {
 		return c.CheckTable(ctx, b.db, b.plan)

@@ -227,7 +227,17 @@ func (f *lease) renewAll(claims []*leaseClaim) {
 			c.mu.Unlock()
 		}
 	}()
-	ctx, cancel := context.WithTimeout(context.Background(), f.dur/2)
+	// A renewal may take until the earliest lease runs out: a busy
+	// database (SQLite's one writer) makes it wait for its turn.
+	until := time.Now().Add(f.dur)
+	for _, c := range claims {
+		c.mu.Lock()
+		if !c.finished && c.token.Before(until) {
+			until = c.token
+		}
+		c.mu.Unlock()
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), until)
 	defer cancel()
 	tx, err := f.db.BeginTxx(ctx, nil)
 	if err != nil {
