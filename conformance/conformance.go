@@ -206,8 +206,9 @@ func (tg *Target) broker(t TB) *sqlxbroker.Broker {
 	return sqlxbroker.OpenDialect(db, tg.Dialect)
 }
 
-// waitFor polls cond until it holds or d passes.
-func waitFor(t TB, d time.Duration, what string, cond func() bool) {
+// WaitFor polls cond every 5 ms until it holds, failing the test when d
+// passes first. Dialect tests use it to wait on conditions, not sleeps.
+func WaitFor(t TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {
@@ -229,6 +230,13 @@ func count(t TB, db *sqlx.DB, d core.Dialect, table, where string, args ...any) 
 		t.Fatalf("count %s: %v", table, err)
 	}
 	return n
+}
+
+// StartForm returns b's claim form for tb, started and closed when the test
+// ends, for driving claims by hand.
+func StartForm(t TB, b *sqlxbroker.Broker, tb core.Table) core.ClaimForm {
+	t.Helper()
+	return form(t, b, tb)
 }
 
 func start(t TB, f core.ClaimForm) core.ClaimForm {

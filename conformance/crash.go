@@ -120,7 +120,7 @@ func CrashRecovery(t TB, tg *Target, f core.Form) {
 	if f == core.Lease {
 		wait += tb.LeaseDuration()
 	}
-	waitFor(t, wait, "the crashed delivery's row to come back", func() bool {
+	WaitFor(t, wait, "the crashed delivery's row to come back", func() bool {
 		cs = claim(t, fm, 1)
 		return len(cs) == 1
 	})

@@ -60,7 +60,7 @@ func ExactlyOnce(t TB, tg *Target, f core.Form) {
 	for i := 0; i < 4; i++ {
 		subs = append(subs, subscribe(t, b1, tb, h, p), subscribe(t, b2, tb, h, p))
 	}
-	waitFor(t, 2*time.Minute, "every row completed", func() bool {
+	WaitFor(t, 2*time.Minute, "every row completed", func() bool {
 		var done int64
 		for _, s := range subs {
 			done += s.Stats().Succeeded
@@ -162,7 +162,7 @@ func Outcomes(t TB, tg *Target, f core.Form) {
 		}
 		return nil
 	}, quick)
-	waitFor(t, 30*time.Second, "one success and one dead row", func() bool {
+	WaitFor(t, 30*time.Second, "one success and one dead row", func() bool {
 		st := s.Stats()
 		return st.Succeeded == 1 && st.Dead == 1
 	})
@@ -210,7 +210,7 @@ func LeaseLoss(t TB, tg *Target, f core.Form) {
 	}
 	second := form(t, b2, tb)
 	var again []core.Claim
-	waitFor(t, 10*time.Second, "the abandoned lease to be claimed again", func() bool {
+	WaitFor(t, 10*time.Second, "the abandoned lease to be claimed again", func() bool {
 		again = claim(t, second, 1)
 		return len(again) == 1
 	})
@@ -274,9 +274,9 @@ func Renewal(t TB, tg *Target, f core.Form) {
 		}
 	}
 	s1 := subscribe(t, b1, tb, h, quick)
-	waitFor(t, 5*time.Second, "the first delivery", func() bool { return runs.Load() == 1 })
+	WaitFor(t, 5*time.Second, "the first delivery", func() bool { return runs.Load() == 1 })
 	s2 := subscribe(t, b2, tb, h, quick)
-	waitFor(t, 10*time.Second, "the long handler to complete", func() bool { return s1.Stats().Succeeded == 1 })
+	WaitFor(t, 10*time.Second, "the long handler to complete", func() bool { return s1.Stats().Succeeded == 1 })
 	_ = s2.Stop(context.Background())
 	if st := s1.Stats(); st.LeaseLost != 0 || st.Retried != 0 {
 		t.Errorf("stats %+v: the renewed lease was lost", st)
@@ -341,7 +341,7 @@ func FIFO(t TB, tg *Target, f core.Form) {
 	p := quick
 	p.Concurrency = 4
 	subs := []*sqlxbroker.Subscription{subscribe(t, b1, tb, h, p), subscribe(t, b2, tb, h, p)}
-	waitFor(t, 2*time.Minute, "every row delivered", func() bool {
+	WaitFor(t, 2*time.Minute, "every row delivered", func() bool {
 		return subs[0].Stats().Succeeded+subs[1].Stats().Succeeded >= int64(len(msgs))
 	})
 	mu.Lock()
@@ -388,7 +388,7 @@ func AdvisoryKeys(t TB, tg *Target, f core.Form) {
 		return nil
 	}
 	subs := []*sqlxbroker.Subscription{subscribe(t, b1, tb, h, quick), subscribe(t, b2, tb, h, quick)}
-	waitFor(t, time.Minute, "every row delivered", func() bool {
+	WaitFor(t, time.Minute, "every row delivered", func() bool {
 		return subs[0].Stats().Succeeded+subs[1].Stats().Succeeded >= int64(len(msgs))
 	})
 	mu.Lock()
@@ -421,7 +421,7 @@ func AdvisoryKeys(t TB, tg *Target, f core.Form) {
 	}
 	complete(t, held[0], core.Succeeded)
 	var got []core.Claim
-	waitFor(t, 5*time.Second, "the other table's row once the key is free", func() bool {
+	WaitFor(t, 5*time.Second, "the other table's row once the key is free", func() bool {
 		got = claim(t, waiter, 1)
 		return len(got) == 1
 	})
@@ -454,7 +454,7 @@ func HandlerTx(t TB, tg *Target, f core.Form) {
 		}
 		return nil
 	}, quick)
-	waitFor(t, 20*time.Second, "both rows completed", func() bool { return s.Stats().Succeeded == 2 })
+	WaitFor(t, 20*time.Second, "both rows completed", func() bool { return s.Stats().Succeeded == 2 })
 	_ = s.Stop(context.Background())
 	for _, c := range []struct {
 		body string

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/sqlxbroker/sqlxbroker"
+	"github.com/sqlxbroker/sqlxbroker/conformance"
 	"github.com/sqlxbroker/sqlxbroker/core"
 	"github.com/sqlxbroker/sqlxbroker/dialects/mysql"
 )
@@ -148,15 +149,7 @@ func nOf(t *testing.T, d *sqlxbroker.Delivery) int64 {
 // startForm returns t's claim form on b, started.
 func startForm(t *testing.T, b *sqlxbroker.Broker, tbl sqlxbroker.Table) core.ClaimForm {
 	t.Helper()
-	f, err := b.Form(tbl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
-	return f
+	return conformance.StartForm(t, b, tbl)
 }
 
 func subscribe(t *testing.T, b *sqlxbroker.Broker, tbl sqlxbroker.Table, h sqlxbroker.Handler, p sqlxbroker.SubscribeParams) *sqlxbroker.Subscription {
@@ -178,15 +171,9 @@ func stop(t *testing.T, s *sqlxbroker.Subscription) {
 }
 
 // waitFor polls cond until it holds, failing the test at the deadline.
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	conformance.WaitFor(t, d, what, cond)
 }
 
 // claimWithin claims until one row comes, failing at the deadline.

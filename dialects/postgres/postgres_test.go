@@ -15,6 +15,7 @@ import (
 	_ "github.com/glebarez/go-sqlite" // a non-pq driver for the Listen refusal
 	"github.com/jmoiron/sqlx"
 	"github.com/sqlxbroker/sqlxbroker"
+	"github.com/sqlxbroker/sqlxbroker/conformance"
 	"github.com/sqlxbroker/sqlxbroker/core"
 	"github.com/sqlxbroker/sqlxbroker/dialects/postgres"
 )
@@ -139,27 +140,13 @@ func count(t *testing.T, db *sqlx.DB, table string) int {
 // waitFor polls cond until it holds or d passes.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	conformance.WaitFor(t, d, what, cond)
 }
 
 // startForm returns a started, hand-driven claim form.
 func startForm(t *testing.T, b *sqlxbroker.Broker, tbl sqlxbroker.Table) core.ClaimForm {
 	t.Helper()
-	f, err := b.Form(tbl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
-	return f
+	return conformance.StartForm(t, b, tbl)
 }
 
 func completeAll(t *testing.T, cs []core.Claim) {
