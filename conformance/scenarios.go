@@ -17,7 +17,15 @@ import (
 // quick is the suite's subscription tuning: fast polls, immediate retries,
 // and no log noise (lease losses a scenario provokes are counted in Stats).
 var quick = sqlxbroker.SubscribeParams{MinPollInterval: 2 * time.Millisecond, PollInterval: 50 * time.Millisecond,
-	RetryDelay: func(int) time.Duration { return 0 }, Logger: slog.New(slog.DiscardHandler)}
+	RetryDelay: func(int) time.Duration { return 0 }, Logger: suiteLogger()}
+
+// suiteLogger discards the engine's log unless SQLXBROKER_CONFORMANCE_LOG=1.
+func suiteLogger() *slog.Logger {
+	if env("SQLXBROKER_CONFORMANCE_LOG") == "1" {
+		return slog.Default()
+	}
+	return slog.New(slog.DiscardHandler)
+}
 
 func subscribe(t TB, b *sqlxbroker.Broker, tb core.Table, h core.Handler, p sqlxbroker.SubscribeParams) *sqlxbroker.Subscription {
 	t.Helper()
