@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"sort"
 	"strings"
 	"sync"
 
@@ -206,7 +207,7 @@ func fieldsOf(t *Table, m any) ([]string, []any, error) {
 		for k := range v {
 			keys = append(keys, k)
 		}
-		sortStrings(keys)
+		sort.Strings(keys)
 		for _, k := range keys {
 			if err := add(k, v[k]); err != nil {
 				return nil, nil, err
@@ -250,14 +251,6 @@ func fieldsOf(t *Table, m any) ([]string, []any, error) {
 		}
 	}
 	return names, vals, nil
-}
-
-func sortStrings(s []string) {
-	for i := 1; i < len(s); i++ {
-		for j := i; j > 0 && s[j] < s[j-1]; j-- {
-			s[j], s[j-1] = s[j-1], s[j]
-		}
-	}
 }
 
 // TableDDL returns the statements that create the recommended table and

@@ -90,6 +90,18 @@ func (p *Plan) CheckLive(ctx context.Context, db sqlx.QueryerContext) error {
 	return nil
 }
 
+// TimeColumns lists the timestamp columns the description names (lease,
+// ready, dead, done), for dialects' DDL and column checks.
+func (p *Plan) TimeColumns() []string {
+	var out []string
+	for _, c := range []string{p.Table.LockedUntil, p.Table.ReadyAt, p.Table.DeadAt, p.Table.DoneAt} {
+		if c != "" {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
 // Rebind turns '?' placeholders into the dialect's.
 func (p *Plan) Rebind(q string) string { return sqlx.Rebind(p.Dialect.BindType(), q) }
 

@@ -402,10 +402,8 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 		}
 		add(c[0], typ)
 	}
-	for _, c := range []string{t.LockedUntil, t.ReadyAt, t.DeadAt, t.DoneAt} {
-		if c != "" {
-			add(c, "DATETIME(6) NULL")
-		}
+	for _, c := range pl.TimeColumns() {
+		add(c, "DATETIME(6) NULL")
 	}
 	if t.Order != "" {
 		add(t.Order, "BIGINT")

@@ -203,10 +203,8 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 		}
 		add(c[0], typ)
 	}
-	for _, c := range []string{t.LockedUntil, t.ReadyAt, t.DeadAt, t.DoneAt} {
-		if c != "" {
-			add(c, "TEXT")
-		}
+	for _, c := range pl.TimeColumns() {
+		add(c, "TEXT")
 	}
 	if t.Order != "" {
 		add(t.Order, "INTEGER")
