@@ -228,11 +228,14 @@ func (f *lease) renewAll(claims []*leaseClaim) {
 		}
 	}()
 	// A renewal may take until the earliest lease runs out: a busy
-	// database (SQLite's one writer) makes it wait for its turn.
-	until := time.Now().Add(f.dur)
+	// database (SQLite's one writer) makes it wait for its turn. A lease
+	// already run out does not count: its handler was told, and may go on
+	// for as long as it likes while the others are renewed.
+	now := time.Now()
+	until := now.Add(f.dur)
 	for _, c := range claims {
 		c.mu.Lock()
-		if !c.finished && c.token.Before(until) {
+		if !c.finished && c.token.After(now) && c.token.Before(until) {
 			until = c.token
 		}
 		c.mu.Unlock()

@@ -1,0 +1,93 @@
+package forms_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/sqlxbroker/sqlxbroker"
+	"github.com/sqlxbroker/sqlxbroker/conformance"
+	"github.com/sqlxbroker/sqlxbroker/core"
+	"github.com/sqlxbroker/sqlxbroker/dialects/sqlite"
+)
+
+// TestRenewalAfterALostLease: a claim whose lease ran out stays in work
+// while its handler ignores its cancelled context; the other leases of the
+// form must go on being renewed. (A renewal round used to be bounded by the
+// earliest deadline in work, a past one included, so every round failed at
+// once and every lease of the subscription ran out.)
+func TestRenewalAfterALostLease(t *testing.T) {
+	const lease = time.Second
+	ctx := context.Background()
+	db, err := sqlite.Open(filepath.Join(t.TempDir(), "renewal.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	b, err := sqlxbroker.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := sqlxbroker.Table{Name: "jobs", LockedUntil: "locked_until", Lease: lease}
+	if err := b.CreateTable(ctx, tb, [2]string{"account", "text"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Publish(ctx, db, tb, map[string]any{"account": "a"}, map[string]any{"account": "b"}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := b.Plan(tb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := conformance.StartForm(t, b, tb)
+	claimed := time.Now()
+	var cs []core.Claim
+	for range 2 {
+		c, err := f.Claim(ctx, 1)
+		if err != nil || len(c) != 1 {
+			t.Fatalf("claim: %d claims, %v", len(c), err)
+		}
+		cs = append(cs, c...)
+	}
+	lost, kept := cs[0], cs[1]
+	// Another claim takes the first row: its renewal finds another token,
+	// and its handler (which goes on, ignoring its context) is told.
+	if _, err := db.Exec(p.Rebind("UPDATE jobs SET locked_until = ? WHERE id = ?"), p.Time(time.Now().Add(time.Hour)), lost.Delivery().ID()); err != nil {
+		t.Fatal(err)
+	}
+	conformance.WaitFor(t, 3*lease, "the taken row's claim to be told its lease is lost", func() bool {
+		select {
+		case <-lost.Lost():
+			return true
+		default:
+			return false
+		}
+	})
+	// The kept row must be renewed after the lost claim's deadline passed
+	// (claimed + lease), more than once.
+	want := claimed.Add(2*lease + lease/5)
+	conformance.WaitFor(t, 5*lease, "the kept lease to be renewed past "+want.Format(time.StampMilli), func() bool {
+		select {
+		case <-kept.Lost():
+			t.Fatalf("the kept lease was lost %v after the claim: renewals stopped", time.Since(claimed).Round(time.Millisecond))
+		default:
+		}
+		var s string
+		if err := db.Get(&s, p.Rebind("SELECT locked_until FROM jobs WHERE id = ?"), kept.Delivery().ID()); err != nil {
+			t.Fatal(err)
+		}
+		until, err := time.Parse("2006-01-02 15:04:05.000000", s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return until.After(want)
+	})
+	if err := kept.Complete(ctx, core.Outcome{Kind: core.Succeeded}); err != nil {
+		t.Errorf("complete the kept row: %v", err)
+	}
+	if err := lost.Complete(ctx, core.Outcome{Kind: core.Succeeded}); !errors.Is(err, core.ErrLeaseLost) {
+		t.Errorf("complete the taken row: %v, want ErrLeaseLost", err)
+	}
+}
