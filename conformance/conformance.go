@@ -76,6 +76,25 @@ type Target struct {
 	// ChildArgs are the arguments the crash scenario re-runs os.Args[0]
 	// with; nil re-runs the current top-level Go test.
 	ChildArgs []string
+	// Forms, when set, limits the suite to these forms: an offered form
+	// left out runs no scenario (the sqlxbroker command leaves out forms
+	// the server refuses with ErrServerTooOld, and checks the refusal
+	// through OldServer). A form the dialect does not offer is checked
+	// for ErrFormUnavailable whether listed or not. Nil runs every form.
+	Forms []core.Form
+}
+
+// runs reports whether the suite runs form f's scenarios.
+func (tg *Target) runs(f core.Form) bool {
+	if tg.Forms == nil {
+		return true
+	}
+	for _, g := range tg.Forms {
+		if g == f {
+			return true
+		}
+	}
+	return false
 }
 
 // Scenario is one check of one form.
@@ -114,6 +133,8 @@ func Scenarios() []Scenario {
 		{"Outcomes", all, Outcomes},
 		{"HandlerTx", only(core.RowLock), HandlerTx},
 		{"BadDescriptions", all, BadDescriptions},
+		{"HostileKeys", all, HostileKeys},
+		{"HostileIdentifiers", all, HostileIdentifiers},
 	}
 }
 
@@ -133,6 +154,9 @@ func Run(t *testing.T, tg Target) {
 				t.Run("Unavailable", func(t *testing.T) { Unavailable(t, &tg, f) })
 				return
 			}
+			if !tg.runs(f) {
+				t.Skipf("the %s form is left out (Target.Forms)", f)
+			}
 			for _, s := range Scenarios() {
 				if !s.Applies(tg.Dialect, f) {
 					continue
@@ -148,9 +172,18 @@ func Run(t *testing.T, tg Target) {
 
 var nameRE = regexp.MustCompile(`[^a-z0-9_]`)
 
+// suitePayload are the payload columns of the suite's tables.
+var suitePayload = [][2]string{{"acct", "text"}, {"grp", "text"}, {"body", "text"}}
+
 // fresh returns a new table description for form f with the suite's
 // columns, creates the table, and drops it when the test ends.
 func (tg *Target) fresh(t TB, db *sqlx.DB, f core.Form, edit func(*core.Table)) core.Table {
+	t.Helper()
+	return tg.freshWith(t, db, f, edit, suitePayload)
+}
+
+// freshWith is fresh with other payload columns.
+func (tg *Target) freshWith(t TB, db *sqlx.DB, f core.Form, edit func(*core.Table), payload [][2]string) core.Table {
 	t.Helper()
 	var rnd [4]byte
 	_, _ = rand.Read(rnd[:])
@@ -164,7 +197,6 @@ func (tg *Target) fresh(t TB, db *sqlx.DB, f core.Form, edit func(*core.Table)) 
 	if edit != nil {
 		edit(&tb)
 	}
-	payload := [][2]string{{"acct", "text"}, {"grp", "text"}, {"body", "text"}}
 	if tg.CreateTable != nil {
 		tg.CreateTable(t, db, tb, payload)
 	} else {

@@ -46,6 +46,9 @@ func RunAll(tg Target, progress func(r Result, done bool)) []Result {
 			run(f, "Unavailable", func(t TB) { Unavailable(t, &tg, f) })
 			continue
 		}
+		if !tg.runs(f) {
+			continue
+		}
 		for _, s := range Scenarios() {
 			if s.Applies(tg.Dialect, f) {
 				run(f, s.Name, func(t TB) { s.Run(t, &tg, f) })
