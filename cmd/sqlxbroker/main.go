@@ -3,6 +3,7 @@
 //
 //	sqlxbroker demo                 # embedded SQLite, no set-up
 //	sqlxbroker conformance --driver postgres --dsn postgres://...
+//	sqlxbroker soak --driver postgres --dsn postgres://... --restart-cmd '...'
 package main
 
 import (
@@ -15,6 +16,8 @@ const usage = `usage: sqlxbroker <command> [flags]
 commands:
   demo          publish and drain messages on an embedded SQLite file
   conformance   run the conformance suite against a database (--driver, --dsn)
+  soak          publish and consume with worker processes while killing them,
+                their sessions and the server; audit nothing lost or done twice
 `
 
 func main() {
@@ -28,6 +31,10 @@ func main() {
 		err = demo(os.Args[2:])
 	case "conformance":
 		err = conformanceCmd(os.Args[2:])
+	case "soak":
+		err = soakCmd(os.Args[2:])
+	case "soak-worker": // started by soak, configured through its environment
+		err = soakWorker()
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return
