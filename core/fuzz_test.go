@@ -15,6 +15,7 @@ import (
 	"reflect"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -313,19 +314,33 @@ func checkPlan(t *testing.T, d core.Dialect, tb core.Table, p *core.Plan) {
 	// What is left of the fragments once quoted names are taken out is
 	// fixed SQL: words, comparisons and placeholders, no quote, no comment,
 	// no statement separator.
-	qname := regexp.MustCompile(regexp.QuoteMeta(open) + `[A-Za-z_][A-Za-z0-9_]*` + regexp.QuoteMeta(shut))
-	fixed := regexp.MustCompile(`^[A-Za-z0-9_ .()=<>?]*$`)
+	qname := quotedName(open, shut)
 	ready, args := p.Ready(p.Alias, time.Unix(0, 0))
 	frags := []string{ready, p.Unfinished(""), p.Unfinished(p.Alias), p.OrderBy(p.Alias)}
 	if p.QGroup != "" {
 		frags = append(frags, p.Head(p.Alias))
 	}
 	for _, fr := range frags {
-		if rest := qname.ReplaceAllString(fr, ""); !fixed.MatchString(rest) {
+		if rest := qname.ReplaceAllString(fr, ""); !fixedSQL.MatchString(rest) {
 			t.Fatalf("%s: fragment %q holds more than quoted names and fixed SQL: %q", d.Name(), fr, rest)
 		}
 	}
 	if n := strings.Count(ready, "?"); n != len(args) {
 		t.Fatalf("%s: Ready has %d placeholders and %d args", d.Name(), n, len(args))
 	}
+}
+
+// fixedSQL is what the plan's fragments may hold besides quoted names.
+var fixedSQL = regexp.MustCompile(`^[A-Za-z0-9_ .()=<>?]*$`)
+
+var quotedNames sync.Map // open+shut: *regexp.Regexp
+
+// quotedName matches a plain identifier quoted with open and shut.
+func quotedName(open, shut string) *regexp.Regexp {
+	if re, ok := quotedNames.Load(open + shut); ok {
+		return re.(*regexp.Regexp)
+	}
+	re := regexp.MustCompile(regexp.QuoteMeta(open) + `[A-Za-z_][A-Za-z0-9_]*` + regexp.QuoteMeta(shut))
+	quotedNames.Store(open+shut, re)
+	return re
 }
