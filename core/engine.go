@@ -106,8 +106,11 @@ type Subscription struct {
 	hardCtx    context.Context // handler contexts derive from it
 	hardCancel context.CancelFunc
 
+	completeBy sharedDeadline // completion contexts: CompleteTimeout
+
 	wake     chan struct{}
 	freed    chan struct{}
+	work     chan Claim // idle workers receive here
 	inflight atomic.Int64
 	handlers sync.WaitGroup
 	loopDone chan struct{}
@@ -133,8 +136,8 @@ func Subscribe(ctx context.Context, form ClaimForm, h Handler, p SubscribeParams
 		return nil, err
 	}
 	s := &Subscription{form: form, h: h, p: p, log: p.Logger,
-		wake: make(chan struct{}, 1), freed: make(chan struct{}, 1),
-		loopDone: make(chan struct{}), done: make(chan struct{})}
+		wake: make(chan struct{}, 1), freed: make(chan struct{}, 1), work: make(chan Claim),
+		loopDone: make(chan struct{}), done: make(chan struct{}), completeBy: sharedDeadline{d: p.CompleteTimeout}}
 	s.claimCtx, s.stopClaims = context.WithCancel(context.Background())
 	s.hardCtx, s.hardCancel = context.WithCancel(context.Background())
 	go s.loop()
@@ -189,6 +192,7 @@ func (s *Subscription) Stop(ctx context.Context) error {
 			<-finished
 		}
 		s.hardCancel()
+		s.completeBy.stop()
 		if err := s.form.Close(); err != nil && s.stopErr == nil {
 			s.stopErr = err
 		}
@@ -254,41 +258,85 @@ func (s *Subscription) sleep(d time.Duration, also <-chan struct{}) {
 	}
 }
 
+// start hands c to an idle worker, or to a new one. Workers stay for the
+// next claim, so a busy subscription does not start a goroutine (and grow
+// its stack) per delivery; a worker idle for idleWorker ends.
 func (s *Subscription) start(c Claim) {
 	s.claimed.Add(1)
 	s.inflight.Add(1)
-	s.handlers.Add(1)
-	go func() {
-		defer func() {
-			s.inflight.Add(-1)
-			s.handlers.Done()
-			select {
-			case s.freed <- struct{}{}:
-			default:
-			}
-		}()
-		s.run(c)
-	}()
+	select {
+	case s.work <- c:
+	default:
+		s.handlers.Add(1)
+		go s.worker(c)
+	}
 }
 
-func (s *Subscription) run(c Claim) {
-	d := c.Delivery()
-	ctx, cancel := context.WithCancel(s.hardCtx)
+// idleWorker is how long a worker waits for its next claim.
+const idleWorker = 10 * time.Second
+
+func (s *Subscription) worker(c Claim) {
+	defer s.handlers.Done()
+	// The worker's context ends with the subscription's hard stop; it then
+	// cancels the handler context of the delivery in work.
+	base, cancel := context.WithCancel(s.hardCtx)
 	defer cancel()
-	if lost := c.Lost(); lost != nil {
+	var mu sync.Mutex
+	var cur *handlerCtx
+	stop := context.AfterFunc(base, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if cur != nil {
+			cur.cancel(base.Err())
+		}
+	})
+	defer stop()
+	idle := time.NewTimer(idleWorker)
+	defer idle.Stop()
+	for {
+		ctx := &handlerCtx{Context: base}
+		mu.Lock()
+		cur = ctx
+		mu.Unlock()
+		if err := base.Err(); err != nil {
+			ctx.cancel(err)
+		}
+		s.run(ctx, c)
+		ctx.cancel(context.Canceled)
+		s.inflight.Add(-1)
+		select {
+		case s.freed <- struct{}{}:
+		default:
+		}
+		idle.Reset(idleWorker)
+		select {
+		case c = <-s.work:
+		case <-idle.C:
+			return
+		case <-s.claimCtx.Done():
+			return
+		}
+	}
+}
+
+// run runs the handler of c with ctx, which is cancelled when the claim's
+// hold is lost, and records the outcome.
+func (s *Subscription) run(ctx *handlerCtx, c Claim) {
+	d := c.Delivery()
+	if n, ok := c.(LostNotifier); ok {
+		n.OnLost(func() { ctx.cancel(context.Canceled) })
+	} else if lost := c.Lost(); lost != nil {
 		go func() {
 			select {
 			case <-lost:
-				cancel()
+				ctx.cancel(context.Canceled)
 			case <-ctx.Done():
 			}
 		}()
 	}
 	err := s.call(ctx, d)
 	o := s.outcome(d, err)
-	cctx, ccancel := context.WithTimeout(context.Background(), s.p.CompleteTimeout)
-	cerr := c.Complete(cctx, o)
-	ccancel()
+	cerr := c.Complete(s.completeBy.get(), o)
 	switch {
 	case cerr == nil:
 		switch o.Kind {

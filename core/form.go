@@ -57,6 +57,15 @@ type Claim interface {
 	Complete(ctx context.Context, o Outcome) error
 }
 
+// LostNotifier is an optional interface of a Claim whose hold can be lost.
+// OnLost arranges for f to be called once when Lost is closed (at once when
+// it already is), from whatever goroutine closes it; f must not block. The
+// engine cancels the handler's context through it; without it the engine
+// watches Lost with a goroutine per delivery.
+type LostNotifier interface {
+	OnLost(f func())
+}
+
 // ClaimForm is a claim form bound to one table and one database.
 type ClaimForm interface {
 	// Form says which form this is.

@@ -137,6 +137,11 @@ func (p *Plan) Unfinished(alias string) string {
 // Ready returns the condition over alias that a row may be claimed at now,
 // apart from what holds it: unfinished, ready, and for a lease table not
 // leased; for a FIFO table also the head of its group. Args bind the '?'s.
+//
+// A lease deadline more than two leases ahead of now cannot have been
+// written by a live subscription whose clock is within a lease of this
+// host's, so it counts as expired: the row is claimed, and the completion
+// of whoever wrote it finds ErrLeaseLost.
 func (p *Plan) Ready(alias string, now time.Time) (string, []any) {
 	cond := []string{p.Unfinished(alias)}
 	var args []any
@@ -145,13 +150,38 @@ func (p *Plan) Ready(alias string, now time.Time) (string, []any) {
 		args = append(args, p.Time(now))
 	}
 	if p.QLockedUntil != "" {
-		cond = append(cond, "("+col(alias, p.QLockedUntil)+" IS NULL OR "+col(alias, p.QLockedUntil)+" <= ?)")
-		args = append(args, p.Time(now))
+		lu := col(alias, p.QLockedUntil)
+		cond = append(cond, "("+lu+" IS NULL OR "+lu+" <= ? OR "+lu+" > ?)")
+		args = append(args, p.Time(now), p.Time(p.danglingAfter(now)))
 	}
 	if p.QGroup != "" {
 		cond = append(cond, p.Head(alias))
 	}
 	return strings.Join(cond, " AND "), args
+}
+
+// LeaseHeld returns the condition over alias that a lease table's row is
+// held by a live lease at now: its deadline is after now and not dangling
+// (see Ready). Args bind the '?'s.
+func (p *Plan) LeaseHeld(alias string, now time.Time) (string, []any) {
+	lu := col(alias, p.QLockedUntil)
+	return "(" + lu + " > ? AND " + lu + " <= ?)", []any{p.Time(now), p.Time(p.danglingAfter(now))}
+}
+
+// danglingAfter is the latest deadline a live subscription of the table can
+// have written by now, with a lease of clock skew to spare: a deadline
+// further ahead (a clock that jumped forward, a hand-edited row) counts as
+// expired, so the row is not stranded until then.
+func (p *Plan) danglingAfter(now time.Time) time.Time {
+	return now.Add(2 * p.Table.LeaseDuration())
+}
+
+// NextAttempt is the attempt column over alias after one more count. A
+// NULL or an attempt below 1 (a row that breaks the contract) counts as a
+// new row's 1, so it becomes 2.
+func (p *Plan) NextAttempt(alias string) string {
+	a := col(alias, p.QAttempt)
+	return "CASE WHEN " + a + " IS NULL OR " + a + " < 1 THEN 2 ELSE " + a + " + 1 END"
 }
 
 // Head is the condition over alias that the row is the head of its FIFO

@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/jmoiron/sqlx"
@@ -68,10 +69,10 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	limit := max * candidates
 	page := fmt.Sprintf("SELECT %s FROM %s %s WHERE %s%%s ORDER BY %s LIMIT %d", cols, p.QTable, p.Alias, where, p.OrderBy(p.Alias), limit)
 	var out []core.Claim
-	var conn *sqlx.Conn // a spare connection, reused until a key is locked on it
+	var spare *sqlx.Conn // a connection no key is locked on, reused
 	defer func() {
-		if conn != nil {
-			conn.Close()
+		if spare != nil {
+			spare.Close()
 		}
 	}()
 	tried := map[string]bool{}
@@ -89,8 +90,11 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 		if err != nil {
 			return out, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table.Name, err)
 		}
+		// Lock the keys of as many candidates as are wanted, each on its
+		// own connection, then take their rows together.
+		var locked []*advisoryClaim
 		for i := range cands {
-			if len(out) == max || ctx.Err() != nil {
+			if len(out)+len(locked) == max || ctx.Err() != nil {
 				break
 			}
 			r := &cands[i]
@@ -99,25 +103,32 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 				continue
 			}
 			tried[key] = true
-			if conn == nil {
-				if conn, err = f.db.Connx(ctx); err != nil {
+			if spare == nil {
+				if spare, err = f.db.Connx(ctx); err != nil {
 					f.drop(key)
-					return out, fmt.Errorf("sqlxbroker: advisory connection: %w", err)
+					err = fmt.Errorf("sqlxbroker: advisory connection: %w", err)
+					break
 				}
 			}
-			c, err := f.take(ctx, conn, key, r.vals[0])
-			if err != nil {
+			ok, lerr := p.Caps.AdvisoryLocker.TryAdvisoryLock(ctx, spare, key)
+			if lerr != nil {
 				f.drop(key)
-				conn.Close() // its session state is unknown
-				conn = nil
-				return out, err
+				spare.Close() // its session state is unknown
+				spare = nil
+				err = fmt.Errorf("sqlxbroker: try advisory lock %q: %w", key, lerr)
+				break
 			}
-			if c == nil {
+			if !ok {
 				f.drop(key)
 				continue
 			}
-			out = append(out, c)
-			conn = nil // it belongs to the delivery now
+			locked = append(locked, &advisoryClaim{f: f, conn: spare, key: key, id: r.vals[0]})
+			spare = nil // it belongs to the key now
+		}
+		taken, terr := f.takeAll(ctx, locked)
+		out = append(out, taken...)
+		if err = errors.Join(err, terr); err != nil {
+			return out, err
 		}
 		if len(cands) < limit {
 			break
@@ -125,6 +136,107 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 		after = cands[len(cands)-1].vals[1]
 	}
 	return out, nil
+}
+
+// takeAll takes the rows of claims whose keys are locked: it counts each
+// row's attempt while the row is still claimable and reads it, and returns
+// the claims whose rows it took. The keys of the rest are released. A plain
+// table takes every row in one statement on any connection (the keys stay
+// locked on their own); a FIFO table takes each row under the dialect's
+// group guard on its key's connection.
+func (f *advisory) takeAll(ctx context.Context, claims []*advisoryClaim) ([]core.Claim, error) {
+	if len(claims) == 0 {
+		return nil, nil
+	}
+	var out []core.Claim
+	var errs error
+	keep := func(c *advisoryClaim, r *row, err error) {
+		if err == nil && r != nil {
+			var attempt int
+			if attempt, err = f.attemptOf(r); err == nil {
+				c.d = f.delivery(r, counted(attempt), c.key)
+				out = append(out, c)
+				return
+			}
+		}
+		if err != nil {
+			errs = errors.Join(errs, fmt.Errorf("sqlxbroker: take advisory row %v: %w", c.id, err))
+		}
+		c.release(ctx)
+	}
+	if f.plan.QGroup != "" && f.plan.Caps.GroupGuard != nil {
+		for _, c := range claims {
+			r, err := f.count(ctx, c.conn, c.id)
+			keep(c, r, err)
+		}
+		return out, errs
+	}
+	rows, err := f.countAll(ctx, claims)
+	if err != nil {
+		for _, c := range claims {
+			c.release(ctx)
+		}
+		return nil, fmt.Errorf("sqlxbroker: take advisory rows on %s: %w", f.plan.Table.Name, err)
+	}
+	byID := make(map[string]*row, len(rows))
+	for i := range rows {
+		byID[idKey(rows[i].get(f.plan.Table.IDColumn()))] = &rows[i]
+	}
+	for _, c := range claims {
+		keep(c, byID[idKey(c.id)], nil)
+	}
+	return out, errs
+}
+
+// countAll adds 1 to the attempt of each row of claims that is still
+// claimable and returns those rows as they now are: one UPDATE ..
+// RETURNING, or where the dialect has none, an UPDATE per row and one read
+// of the rows it changed, in one transaction.
+func (f *advisory) countAll(ctx context.Context, claims []*advisoryClaim) ([]row, error) {
+	p := f.plan
+	ids := make([]any, len(claims))
+	for i, c := range claims {
+		ids[i] = c.id
+	}
+	where, args := p.Ready(p.QTable, core.Now())
+	set := "UPDATE " + p.QTable + " SET " + p.QAttempt + " = " + p.NextAttempt("") + " WHERE "
+	if p.Dialect.Features().UpdateReturning {
+		in := p.QTable + "." + p.QID + " IN (?" + strings.Repeat(", ?", len(ids)-1) + ")"
+		rs, err := f.db.QueryxContext(ctx, p.Rebind(set+in+" AND "+where+" RETURNING *"), append(ids, args...)...)
+		if err != nil {
+			return nil, err
+		}
+		return readRows(rs)
+	}
+	tx, err := f.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after Commit
+	upd := p.Rebind(set + p.QTable + "." + p.QID + " = ? AND " + where)
+	var hit []any
+	for _, id := range ids {
+		res, err := tx.ExecContext(ctx, upd, append([]any{id}, args...)...)
+		if err != nil {
+			return nil, err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return nil, err
+		} else if n > 0 {
+			hit = append(hit, id)
+		}
+	}
+	var rows []row
+	if len(hit) > 0 {
+		rs, err := tx.QueryxContext(ctx, p.Rebind("SELECT * FROM "+p.QTable+" WHERE "+p.QID+" IN (?"+strings.Repeat(", ?", len(hit)-1)+")"), hit...)
+		if err != nil {
+			return nil, err
+		}
+		if rows, err = readRows(rs); err != nil {
+			return nil, err
+		}
+	}
+	return rows, tx.Commit()
 }
 
 // hold marks key as held by this form; false when it already is.
@@ -144,42 +256,13 @@ func (f *advisory) drop(key string) {
 	f.mu.Unlock()
 }
 
-// take locks key on conn and takes row id if it is still claimable: nil, nil
-// when the key is held elsewhere or the row is gone.
-func (f *advisory) take(ctx context.Context, conn *sqlx.Conn, key string, id any) (*advisoryClaim, error) {
-	p := f.plan
-	locker := p.Caps.AdvisoryLocker
-	ok, err := locker.TryAdvisoryLock(ctx, conn, key)
-	if err != nil {
-		return nil, fmt.Errorf("sqlxbroker: try advisory lock %q: %w", key, err)
-	}
-	if !ok {
-		return nil, nil
-	}
-	unlock := func(err error) (*advisoryClaim, error) {
-		return nil, errors.Join(err, locker.AdvisoryUnlock(context.WithoutCancel(ctx), conn, key))
-	}
-	r, err := f.count(ctx, conn, id)
-	if err != nil {
-		return unlock(fmt.Errorf("sqlxbroker: take advisory row %v: %w", id, err))
-	}
-	if r == nil {
-		return unlock(nil)
-	}
-	attempt, err := f.attemptOf(r)
-	if err != nil {
-		return unlock(err)
-	}
-	return &advisoryClaim{f: f, conn: conn, key: key, d: f.delivery(r, attempt-1, key)}, nil
-}
-
 // count adds 1 to the row's attempt while it is still claimable and reads
 // it back; nil when it is not claimable any more. For a FIFO table the
 // dialect's group guard is held around the check in a short transaction.
 func (f *advisory) count(ctx context.Context, conn *sqlx.Conn, id any) (*row, error) {
 	p := f.plan
 	where, args := p.Ready(p.QTable, core.Now())
-	upd := "UPDATE " + p.QTable + " SET " + p.QAttempt + " = " + p.QAttempt + " + 1 WHERE " + p.QTable + "." + p.QID + " = ? AND " + where
+	upd := "UPDATE " + p.QTable + " SET " + p.QAttempt + " = " + p.NextAttempt("") + " WHERE " + p.QTable + "." + p.QID + " = ? AND " + where
 	args = append([]any{id}, args...)
 	var q interface {
 		sqlx.ExecerContext
@@ -256,9 +339,21 @@ func (f *advisory) groupOf(ctx context.Context, q sqlx.QueryerContext, id any) (
 
 type advisoryClaim struct {
 	f    *advisory
-	conn *sqlx.Conn
+	conn *sqlx.Conn // holds the key's lock
 	key  string
+	id   any
 	d    *core.Delivery
+}
+
+// release unlocks the key of a claim whose row was not taken and lets the
+// connection go (closed for good when the unlock failed: the session may
+// still hold the key).
+func (c *advisoryClaim) release(ctx context.Context) {
+	if err := c.f.plan.Caps.AdvisoryLocker.AdvisoryUnlock(context.WithoutCancel(ctx), c.conn, c.key); err != nil {
+		_ = c.conn.Raw(func(any) error { return driver.ErrBadConn })
+	}
+	c.conn.Close()
+	c.f.drop(c.key)
 }
 
 func (c *advisoryClaim) Delivery() *core.Delivery { return c.d }

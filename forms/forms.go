@@ -15,6 +15,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/jmoiron/sqlx"
@@ -127,18 +128,24 @@ func readRows(rows *sqlx.Rows) ([]row, error) {
 	return out, rows.Err()
 }
 
-// attemptOf reads the attempt column as an int.
+// attemptOf reads the attempt column as an int. NULL and values below 1
+// (rows that break the contract) read as 1, a new row's attempt; the next
+// count repairs the column (Plan.NextAttempt).
 func (b *base) attemptOf(r *row) (int, error) {
 	v := r.get(b.plan.Table.AttemptColumn())
 	var n sql.NullInt64
 	if err := n.Scan(v); err != nil {
-		return 0, fmt.Errorf("sqlxbroker: table %s: attempt column %q holds %v: %w", b.plan.Table.Name, b.plan.Table.AttemptColumn(), v, err)
+		return 0, fmt.Errorf("sqlxbroker: table %s: attempt column %q holds %v in row %v: %w", b.plan.Table.Name, b.plan.Table.AttemptColumn(), v, r.get(b.plan.Table.IDColumn()), err)
 	}
-	if !n.Valid {
-		return 0, fmt.Errorf("sqlxbroker: table %s: attempt column %q is NULL in row %v (new rows must hold 1)", b.plan.Table.Name, b.plan.Table.AttemptColumn(), r.get(b.plan.Table.IDColumn()))
+	if !n.Valid || n.Int64 < 1 {
+		return 1, nil
 	}
 	return int(n.Int64), nil
 }
+
+// counted is the attempt a delivery reports after a claim that counted it:
+// one less than the column, never below 1.
+func counted(attempt int) int { return max(1, attempt-1) }
 
 // delivery builds a delivery from r, reporting attempt, and sets the
 // attempt column of the copy the handler sees to it.
@@ -170,7 +177,7 @@ func (b *base) completion(o core.Outcome, countAttempt, clearLease bool, fence s
 		args = append(args, p.Time(core.Now()))
 	case core.Retry:
 		if countAttempt {
-			set = append(set, p.QAttempt+" = "+p.QAttempt+" + 1")
+			set = append(set, p.QAttempt+" = "+p.NextAttempt(""))
 		}
 		if p.QReadyAt != "" && !o.RetryAt.IsZero() {
 			set = append(set, p.QReadyAt+" = ?")
@@ -178,7 +185,7 @@ func (b *base) completion(o core.Outcome, countAttempt, clearLease bool, fence s
 		}
 	case core.Dead:
 		if countAttempt {
-			set = append(set, p.QAttempt+" = "+p.QAttempt+" + 1")
+			set = append(set, p.QAttempt+" = "+p.NextAttempt(""))
 		}
 		set = append(set, p.QDeadAt+" = ?")
 		args = append(args, p.Time(core.Now()))
@@ -195,8 +202,13 @@ func (b *base) completion(o core.Outcome, countAttempt, clearLease bool, fence s
 
 // idKey makes ids returned by different statements comparable.
 func idKey(v any) string {
-	if b, ok := v.([]byte); ok {
-		return string(b)
+	switch x := v.(type) {
+	case int64:
+		return strconv.FormatInt(x, 10)
+	case []byte:
+		return string(x)
+	case string:
+		return x
 	}
 	return fmt.Sprint(v)
 }

@@ -99,7 +99,7 @@ func (f *lease) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 		if err != nil {
 			return nil, err
 		}
-		ds[i] = f.delivery(&rows[i], attempt-1, "")
+		ds[i] = f.delivery(&rows[i], counted(attempt), "")
 	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("sqlxbroker: commit lease claim on %s: %w", p.Table.Name, err)
@@ -126,12 +126,33 @@ type leaseClaim struct {
 	finished bool // completion started: renewal stops
 	lostOnce sync.Once
 	lost     chan struct{}
+	onLost   func() // called once the lease is lost
 }
 
 func (c *leaseClaim) Delivery() *core.Delivery { return c.d }
 func (c *leaseClaim) Lost() <-chan struct{}    { return c.lost }
 
-func (c *leaseClaim) markLost() { c.lostOnce.Do(func() { close(c.lost) }) }
+// markLost closes lost and runs the OnLost function. The caller holds c.mu.
+func (c *leaseClaim) markLost() {
+	c.lostOnce.Do(func() {
+		close(c.lost)
+		if c.onLost != nil {
+			c.onLost()
+		}
+	})
+}
+
+// OnLost runs fn when the lease is lost (core.LostNotifier).
+func (c *leaseClaim) OnLost(fn func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	select {
+	case <-c.lost:
+		fn()
+	default:
+		c.onLost = fn
+	}
+}
 
 // expire fires when the deadline passes without a renewal: another claim may
 // now take the row, so the handler is told.
@@ -157,24 +178,30 @@ func (c *leaseClaim) finish() time.Time {
 	return c.token
 }
 
+// Complete queues the completion for the form's completer, which writes
+// what has queued together: successes in one statement, other outcomes one
+// statement each, on at most flushers connections. Once the form is closed
+// the completion runs alone.
 func (c *leaseClaim) Complete(ctx context.Context, o core.Outcome) error {
 	f := c.f
-	if o.Kind == core.Succeeded && f.plan.QDoneAt == "" {
-		req := &leaseDone{claim: c, reply: make(chan error, 1)}
+	req := &leaseDone{claim: c, o: o, reply: make(chan error, 1)}
+	select {
+	case f.complete <- req:
 		select {
-		case f.complete <- req:
-			select {
-			case err := <-req.reply:
-				return err
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		case <-f.done:
-			// Batching has stopped: complete alone.
+		case err := <-req.reply:
+			return err
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+	case <-f.done:
+		return f.completeOne(ctx, c, o)
+	case <-ctx.Done():
+		return ctx.Err()
 	}
+}
+
+// completeOne records o for one claim, fenced by its token.
+func (f *lease) completeOne(ctx context.Context, c *leaseClaim, o core.Outcome) error {
 	token := c.finish()
 	q, args := f.completion(o, false, true, " AND "+f.plan.QLockedUntil+" = ?")
 	res, err := f.db.ExecContext(ctx, q, append(args, c.d.ID(), f.plan.Time(token))...)
@@ -194,6 +221,111 @@ func fenced(n int64, err error) error {
 	return nil
 }
 
+// fence returns the condition that matches each claim's row while it still
+// holds the claim's token: the dialect's LeaseFencer, else OR'ed pairs.
+func (f *lease) fence(claims []*leaseClaim, tokens []time.Time) (string, []any) {
+	p := f.plan
+	ids := make([]any, len(claims))
+	toks := make([]any, len(claims))
+	for i, c := range claims {
+		ids[i], toks[i] = c.d.ID(), p.Time(tokens[i])
+	}
+	if lf := p.Caps.LeaseFencer; lf != nil {
+		return lf.FenceLeases(p, ids, toks)
+	}
+	var b strings.Builder
+	args := make([]any, 0, 2*len(claims))
+	for i := range claims {
+		if i > 0 {
+			b.WriteString(" OR ")
+		}
+		b.WriteString("(" + p.QID + " = ? AND " + p.QLockedUntil + " = ?)")
+		args = append(args, ids[i], toks[i])
+	}
+	return b.String(), args
+}
+
+// fencedBatch runs "<head> WHERE <fence of claims>" and reports, per
+// claim, whether its row matched. With RETURNING (returning true, the head
+// ends before " RETURNING id") the statement names the rows it changed.
+// Without, the statement runs in a transaction that commits only when it
+// changed every row; otherwise it is rolled back and each claim runs alone
+// in one transaction, so a lost lease costs a second pass, never a wrong
+// answer. headArgs bind the head's '?'s.
+func (f *lease) fencedBatch(ctx context.Context, head string, headArgs []any, returning bool, claims []*leaseClaim, tokens []time.Time) ([]bool, error) {
+	p := f.plan
+	hit := make([]bool, len(claims))
+	if len(claims) > 1 {
+		cond, args := f.fence(claims, tokens)
+		q := p.Rebind(head + " WHERE " + cond)
+		args = append(append([]any{}, headArgs...), args...)
+		if returning {
+			rows, err := f.db.QueryxContext(ctx, q+" RETURNING "+p.QID, args...)
+			if err != nil {
+				return nil, err
+			}
+			got, err := readRows(rows)
+			if err != nil {
+				return nil, err
+			}
+			changed := make(map[string]bool, len(got))
+			for _, g := range got {
+				changed[idKey(g.vals[0])] = true
+			}
+			for i, c := range claims {
+				hit[i] = changed[idKey(c.d.ID())]
+			}
+			return hit, nil
+		}
+		tx, err := f.db.BeginTxx(ctx, nil)
+		if err != nil {
+			return nil, err
+		}
+		defer tx.Rollback() //nolint:errcheck // no-op after Commit
+		res, err := tx.ExecContext(ctx, q, args...)
+		if err != nil {
+			return nil, err
+		}
+		if n, err := res.RowsAffected(); err == nil && n == int64(len(claims)) {
+			if err := tx.Commit(); err != nil {
+				return nil, err
+			}
+			for i := range hit {
+				hit[i] = true
+			}
+			return hit, nil
+		}
+		_ = tx.Rollback()
+	}
+	q := p.Rebind(head + " WHERE " + p.QID + " = ? AND " + p.QLockedUntil + " = ?")
+	if len(claims) == 1 {
+		res, err := f.db.ExecContext(ctx, q, append(append([]any{}, headArgs...), claims[0].d.ID(), p.Time(tokens[0]))...)
+		if err != nil {
+			return nil, err
+		}
+		n, err := res.RowsAffected()
+		hit[0] = n > 0
+		return hit, err
+	}
+	tx, err := f.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after Commit
+	for i, c := range claims {
+		res, err := tx.ExecContext(ctx, q, append(append([]any{}, headArgs...), c.d.ID(), p.Time(tokens[i]))...)
+		if err != nil {
+			return nil, err
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return nil, err
+		}
+		hit[i] = n > 0
+	}
+	return hit, tx.Commit()
+}
+
 // renewer renews every lease in work once per half lease.
 func (f *lease) renewer() {
 	defer f.wg.Done()
@@ -211,22 +343,23 @@ func (f *lease) renewer() {
 			claims = append(claims, c)
 		}
 		f.mu.Unlock()
-		f.renewAll(claims)
+		for len(claims) > 0 {
+			n := min(len(claims), maxBatch)
+			f.renewAll(claims[:n])
+			claims = claims[n:]
+		}
 	}
 }
 
-// renewAll renews claims in one transaction, so a single-writer database
+// renewAll renews claims in one statement where the dialect can say which
+// rows it changed, else in one transaction, so a single-writer database
 // takes its write lock once per round. Each claim is locked until the round
 // ends: a completion waiting for one then names the renewed token. Tokens
-// change only when the transaction commits.
+// change only when the renewal commits.
 func (f *lease) renewAll(claims []*leaseClaim) {
 	p := f.plan
-	var held []*leaseClaim
-	defer func() {
-		for _, c := range held {
-			c.mu.Unlock()
-		}
-	}()
+	var live []*leaseClaim
+	var tokens []time.Time
 	// A renewal may take until the earliest lease runs out: a busy
 	// database (SQLite's one writer) makes it wait for its turn. A lease
 	// already run out does not count: its handler was told, and may go on
@@ -235,61 +368,78 @@ func (f *lease) renewAll(claims []*leaseClaim) {
 	until := now.Add(f.dur)
 	for _, c := range claims {
 		c.mu.Lock()
-		if !c.finished && c.token.After(now) && c.token.Before(until) {
-			until = c.token
+		if c.finished {
+			c.mu.Unlock()
+			continue
 		}
-		c.mu.Unlock()
+		live = append(live, c)
+		tokens = append(tokens, c.token)
+		if c.token.After(now) {
+			until = minTime(until, c.token)
+		}
+	}
+	defer func() {
+		for _, c := range live {
+			c.mu.Unlock()
+		}
+	}()
+	if len(live) == 0 {
+		return
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), until)
 	defer cancel()
-	tx, err := f.db.BeginTxx(ctx, nil)
+	next := core.Now().Add(f.dur)
+	head := "UPDATE " + p.QTable + " SET " + p.QLockedUntil + " = ?"
+	hit, err := f.fencedBatch(ctx, head, []any{p.Time(next)}, p.Dialect.Features().UpdateReturning, live, tokens)
 	if err != nil {
 		return // the expiry timers tell the handlers if this goes on
 	}
-	defer tx.Rollback() //nolint:errcheck // no-op after Commit
-	next := core.Now().Add(f.dur)
-	q := p.Rebind("UPDATE " + p.QTable + " SET " + p.QLockedUntil + " = ? WHERE " + p.QID + " = ? AND " + p.QLockedUntil + " = ?")
-	var renewed, lost []*leaseClaim
-	for _, c := range claims {
-		c.mu.Lock()
-		held = append(held, c)
-		if c.finished {
+	for i, c := range live {
+		if !hit[i] {
+			c.markLost()
 			continue
 		}
-		res, err := tx.ExecContext(ctx, q, p.Time(next), c.d.ID(), p.Time(c.token))
-		if err != nil {
-			return
-		}
-		if n, err := res.RowsAffected(); err == nil && n == 0 {
-			lost = append(lost, c)
-		} else {
-			renewed = append(renewed, c)
-		}
-	}
-	if err := tx.Commit(); err != nil {
-		return
-	}
-	for _, c := range lost {
-		c.markLost()
-	}
-	for _, c := range renewed {
 		c.token = next
 		c.timer.Reset(time.Until(next))
 	}
 }
 
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
 type leaseDone struct {
 	claim *leaseClaim
+	o     core.Outcome
 	reply chan error
 }
 
-// maxBatch is the most completions written in one statement.
-const maxBatch = 500
+// LeaseConnections is the most connections of its pool a lease-form
+// subscription uses at once, whatever its concurrency: one claims, flushers
+// write completions, one renews. (On PostgreSQL a pool's listening
+// connection, shared by all its subscriptions, comes on top unless the
+// dialect listens on a connection of its own.)
+const LeaseConnections = 1 + flushers + 1
 
-// completer deletes completed rows in batches: whatever has queued while the
-// previous batch was written goes in the next statement.
+const (
+	// maxBatch is the most completions (or renewals) written in one
+	// statement.
+	maxBatch = 1000
+	// flushers is the most completion batches written at once, each on
+	// its own connection.
+	flushers = 2
+)
+
+// completer writes completions in batches: whatever has queued while the
+// flushers were busy goes in the next batch.
 func (f *lease) completer() {
 	defer f.wg.Done()
+	var flushing sync.WaitGroup
+	defer flushing.Wait()
+	sem := make(chan struct{}, flushers)
 	for {
 		var batch []*leaseDone
 		select {
@@ -306,6 +456,20 @@ func (f *lease) completer() {
 		case r := <-f.complete:
 			batch = append(batch, r)
 		}
+		// Gather while waiting for a free flusher.
+	wait:
+		for {
+			if len(batch) == maxBatch {
+				sem <- struct{}{}
+				break
+			}
+			select {
+			case sem <- struct{}{}:
+				break wait
+			case r := <-f.complete:
+				batch = append(batch, r)
+			}
+		}
 	drain:
 		for len(batch) < maxBatch {
 			select {
@@ -315,78 +479,69 @@ func (f *lease) completer() {
 				break drain
 			}
 		}
-		f.flush(batch)
+		flushing.Add(1)
+		go func() {
+			defer flushing.Done()
+			defer func() { <-sem }()
+			f.flush(batch)
+		}()
 	}
 }
 
+// flush records a batch: the successes in one fenced statement, every other
+// outcome alone, and answers each request.
 func (f *lease) flush(batch []*leaseDone) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	errs := f.deleteBatch(ctx, batch)
-	for i, r := range batch {
+	var wins []*leaseDone
+	seen := make(map[string]bool, len(batch))
+	for _, r := range batch {
+		id := idKey(r.claim.d.ID())
+		if r.o.Kind != core.Succeeded || seen[id] {
+			// A row claimed twice by this form (its first lease lost)
+			// cannot be fenced twice in one statement.
+			r.reply <- f.completeOne(ctx, r.claim, r.o)
+			continue
+		}
+		seen[id] = true
+		wins = append(wins, r)
+	}
+	if len(wins) == 0 {
+		return
+	}
+	errs := f.succeed(ctx, wins)
+	for i, r := range wins {
 		r.reply <- errs[i]
 	}
 }
 
-// deleteBatch deletes each row of batch that still holds its token and
-// returns, per row, nil or ErrLeaseLost (or the statement's error).
-func (f *lease) deleteBatch(ctx context.Context, batch []*leaseDone) []error {
+// succeed completes successful deliveries together: deleted, or marked done
+// when the table has a DoneAt column. Per request: nil, ErrLeaseLost, or
+// the statement's error.
+func (f *lease) succeed(ctx context.Context, batch []*leaseDone) []error {
 	p := f.plan
-	errs := make([]error, len(batch))
-	if len(batch) == 1 || !p.Dialect.Features().DeleteReturning {
-		tx, err := f.db.BeginTxx(ctx, nil)
-		if err != nil {
-			for i := range errs {
-				errs[i] = fmt.Errorf("sqlxbroker: lease completion: %w", err)
-			}
-			return errs
-		}
-		q := p.Rebind("DELETE FROM " + p.QTable + " WHERE " + p.QID + " = ? AND " + p.QLockedUntil + " = ?")
-		for i, r := range batch {
-			res, err := tx.ExecContext(ctx, q, r.claim.d.ID(), p.Time(r.claim.finish()))
-			if err != nil {
-				errs[i] = fmt.Errorf("sqlxbroker: lease completion: %w", err)
-				continue
-			}
-			errs[i] = fenced(res.RowsAffected())
-		}
-		if err := tx.Commit(); err != nil {
-			for i := range errs {
-				errs[i] = fmt.Errorf("sqlxbroker: lease completion commit: %w", err)
-			}
-		}
-		return errs
-	}
-	var b strings.Builder
-	args := make([]any, 0, 2*len(batch))
-	b.WriteString("DELETE FROM " + p.QTable + " WHERE ")
+	claims := make([]*leaseClaim, len(batch))
+	tokens := make([]time.Time, len(batch))
 	for i, r := range batch {
-		if i > 0 {
-			b.WriteString(" OR ")
-		}
-		b.WriteString("(" + p.QID + " = ? AND " + p.QLockedUntil + " = ?)")
-		args = append(args, r.claim.d.ID(), p.Time(r.claim.finish()))
+		claims[i] = r.claim
+		tokens[i] = r.claim.finish()
 	}
-	b.WriteString(" RETURNING " + p.QID)
-	rows, err := f.db.QueryxContext(ctx, p.Rebind(b.String()), args...)
-	if err == nil {
-		var got []row
-		got, err = readRows(rows)
-		if err == nil {
-			deleted := make(map[string]bool, len(got))
-			for _, g := range got {
-				deleted[idKey(g.vals[0])] = true
-			}
-			for i, r := range batch {
-				if !deleted[idKey(r.claim.d.ID())] {
-					errs[i] = core.ErrLeaseLost
-				}
-			}
-			return errs
-		}
+	head, args := "DELETE FROM "+p.QTable, []any(nil)
+	returning := p.Dialect.Features().DeleteReturning
+	if p.QDoneAt != "" {
+		head = "UPDATE " + p.QTable + " SET " + p.QDoneAt + " = ?, " + p.QLockedUntil + " = NULL"
+		args = []any{p.Time(core.Now())}
+		returning = p.Dialect.Features().UpdateReturning
 	}
+	hit, err := f.fencedBatch(ctx, head, args, returning, claims, tokens)
+	errs := make([]error, len(batch))
 	for i := range errs {
-		errs[i] = fmt.Errorf("sqlxbroker: lease completion: %w", err)
+		switch {
+		case err != nil:
+			errs[i] = fmt.Errorf("sqlxbroker: lease completion: %w", err)
+		case !hit[i]:
+			errs[i] = core.ErrLeaseLost
+		}
 	}
 	return errs
 }

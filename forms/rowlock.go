@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+
+	"github.com/hashicorp/go-multierror"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/sqlxbroker/sqlxbroker/core"
@@ -33,16 +36,65 @@ func (f *rowLock) Close() error { f.cancel(); return nil }
 
 const savepoint = "sqlxbroker_handler"
 
+// claimers is the most row-lock claims made at once, each in its own
+// transaction on its own connection: a claim is a few round trips, so
+// claiming one row after another would bound a subscription's rate by
+// their latency rather than by the database.
+const claimers = 8
+
+// Claim claims up to max rows, one transaction each. It starts with one
+// claimer and adds another with each row found, up to claimers at once, so
+// an empty or nearly empty table costs one connection, not claimers. It
+// stops once a claim finds nothing.
 func (f *rowLock) Claim(ctx context.Context, max int) ([]core.Claim, error) {
-	var out []core.Claim
-	for len(out) < max {
-		c, err := f.claimOne(ctx)
-		if err != nil || c == nil {
-			return out, err
+	var (
+		mu      sync.Mutex
+		out     []core.Claim
+		errs    error
+		left    = max   // claims not yet started
+		running = 0     // claimers at work
+		dry     = false // a claim found nothing
+		wg      sync.WaitGroup
+	)
+	var claimer func()
+	// next reports whether the calling claimer should claim once more.
+	next := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if dry || errs != nil || left == 0 {
+			running--
+			return false
 		}
-		out = append(out, c)
+		left--
+		return true
 	}
-	return out, nil
+	claimer = func() {
+		defer wg.Done()
+		for next() {
+			c, err := f.claimOne(ctx)
+			mu.Lock()
+			switch {
+			case err != nil:
+				errs = multierror.Append(errs, err)
+			case c == nil:
+				dry = true
+			default:
+				out = append(out, c)
+				// A row found: another claimer may find the next.
+				if running < claimers && left > running {
+					running++
+					wg.Add(1)
+					go claimer()
+				}
+			}
+			mu.Unlock()
+		}
+	}
+	running = 1
+	wg.Add(1)
+	claimer()
+	wg.Wait()
+	return out, errs
 }
 
 func (f *rowLock) claimOne(ctx context.Context) (core.Claim, error) {

@@ -4,6 +4,7 @@
 //	sqlxbroker demo                 # embedded SQLite, no set-up
 //	sqlxbroker conformance --driver postgres --dsn postgres://...
 //	sqlxbroker soak --driver postgres --dsn postgres://... --restart-cmd '...'
+//	sqlxbroker bench --driver postgres --dsn postgres://... --form all --concurrency 8,64
 package main
 
 import (
@@ -18,6 +19,7 @@ commands:
   conformance   run the conformance suite against a database (--driver, --dsn)
   soak          publish and consume with worker processes while killing them,
                 their sessions and the server; audit nothing lost or done twice
+  bench         measure deliveries/s, latency, connections and memory (--driver, --dsn)
 `
 
 func main() {
@@ -35,6 +37,8 @@ func main() {
 		err = soakCmd(os.Args[2:])
 	case "soak-worker": // started by soak, configured through its environment
 		err = soakWorker()
+	case "bench":
+		err = benchCmd(os.Args[2:])
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return

@@ -228,7 +228,7 @@ const (
 	// leaseLock picks and locks the rows to claim (%[4]s is p.Where).
 	leaseLock = "SELECT %[1]s.%[2]s FROM %[3]s %[1]s WHERE %[4]s ORDER BY %[5]s LIMIT %[6]d FOR UPDATE SKIP LOCKED"
 	// leaseSet writes the deadline and counts the attempt of the locked ids.
-	leaseSet = "UPDATE %[1]s SET %[2]s = ?, %[3]s = %[3]s + 1 WHERE %[4]s IN (%[5]s)"
+	leaseSet = "UPDATE %[1]s SET %[2]s = ?, %[3]s = %[6]s WHERE %[4]s IN (%[5]s)"
 	// leaseRead returns the claimed rows as they now are.
 	leaseRead = "SELECT * FROM %[1]s WHERE %[2]s IN (%[3]s) ORDER BY %[4]s"
 )
@@ -245,7 +245,7 @@ func (Dialect) ClaimLeases(ctx context.Context, tx *sqlx.Tx, p *core.LeaseClaimP
 	in := "NULL" // no row: the read returns none, with the table's columns
 	if len(ids) > 0 {
 		in = "?" + strings.Repeat(", ?", len(ids)-1)
-		set := fmt.Sprintf(leaseSet, pl.QTable, pl.QLockedUntil, pl.QAttempt, pl.QID, in)
+		set := fmt.Sprintf(leaseSet, pl.QTable, pl.QLockedUntil, pl.QAttempt, pl.QID, in, pl.NextAttempt(""))
 		if _, err := tx.ExecContext(ctx, set, append([]any{p.Deadline}, ids...)...); err != nil {
 			return nil, err
 		}
@@ -307,8 +307,9 @@ func (Dialect) GuardGroup(ctx context.Context, tx *sqlx.Tx, p *core.GroupGuardPa
 	unfinished := pl.Unfinished("")
 	leased, args := "0", []any{p.Group}
 	if pl.QLockedUntil != "" {
-		leased = "COALESCE(" + pl.QLockedUntil + " > ?, 0)"
-		args = []any{pl.Time(core.Now()), p.Group}
+		held, hargs := pl.LeaseHeld("", core.Now())
+		leased = "COALESCE(" + held + ", 0)"
+		args = append(hargs, p.Group)
 	}
 	rows, err := tx.QueryxContext(ctx, fmt.Sprintf(guardRead, pl.QID, pl.QTable, pl.QGroup, unfinished, leased), args...)
 	if err != nil {

@@ -25,6 +25,11 @@ import (
 // subscription of the pool stops, and is replaced when it fails; every
 // subscription is then woken, since notifications may have been missed.
 //
+// With a DSN (Dialect.ListenDSN, or a pool opened by Open) the wake-ups
+// come through a pq.Listener instead: its own connection reads
+// notifications as the server sends them, so a subscription wakes within a
+// round trip of the publishing commit, and no statement runs while idle.
+//
 // The pgx stdlib driver is not imported, so its subscriptions poll only. A
 // pooler in transaction mode does not deliver notifications.
 const heartbeat = 100 * time.Millisecond
@@ -50,12 +55,17 @@ func (Dialect) WakeStatement(p *core.Plan) (string, []any) {
 // commits, and is closed when ctx ends. It fails at once for a driver other
 // than lib/pq or when the listening connection cannot be opened; the
 // subscription then polls only.
-func (Dialect) Listen(ctx context.Context, db *sqlx.DB, p *core.Plan) (<-chan struct{}, error) {
+func (d Dialect) Listen(ctx context.Context, db *sqlx.DB, p *core.Plan) (<-chan struct{}, error) {
 	if _, ok := db.Driver().(*pq.Driver); !ok {
 		return nil, fmt.Errorf("sqlxbroker: postgres: wake-ups need the lib/pq driver, not %T", db.Driver())
 	}
 	name := channelOf(p)
 	ch := make(chan struct{}, 1)
+	if dsn := d.listenDSN(db); dsn != "" {
+		h := joinPush(dsn, name, ch)
+		go func() { <-ctx.Done(); h.leave(name, ch) }()
+		return ch, nil
+	}
 	h := join(db, name, ch)
 	if err := h.listen(ctx, name); err != nil {
 		h.leave(name, ch)
@@ -223,6 +233,132 @@ func (h *hub) wake(n *pq.Notification) {
 	defer hubs.Unlock()
 	for name, chs := range h.subs {
 		if n != nil && name != n.Channel {
+			continue
+		}
+		for ch := range chs {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// opened remembers the DSN of each pool Open made, for its wake-ups.
+var opened sync.Map // *sqlx.DB -> string
+
+// Open opens a lib/pq pool on dsn whose subscriptions receive wake-ups as
+// soon as the server sends them (see Dialect.ListenDSN). Close it as usual.
+func Open(dsn string) (*sqlx.DB, error) {
+	db, err := sqlx.Open("postgres", dsn)
+	if err != nil {
+		return nil, err
+	}
+	opened.Store(db, dsn)
+	return db, nil
+}
+
+// listenDSN is the DSN wake-ups listen with: ListenDSN, else the DSN db
+// was opened with by Open, else "" (heartbeat on a pooled connection).
+func (d Dialect) listenDSN(db *sqlx.DB) string {
+	if d.ListenDSN != "" {
+		return d.ListenDSN
+	}
+	if dsn, ok := opened.Load(db); ok {
+		return dsn.(string)
+	}
+	return ""
+}
+
+// pushHubs are the pq.Listeners by DSN. The mutex guards every push hub's
+// subs too.
+var pushHubs = struct {
+	sync.Mutex
+	m map[string]*pushHub
+}{m: map[string]*pushHub{}}
+
+// pushHub is one pq.Listener and the receivers by channel.
+type pushHub struct {
+	dsn  string
+	l    *pq.Listener
+	subs map[string]map[chan struct{}]struct{}
+	stop chan struct{}
+}
+
+// joinPush adds ch as a receiver of channel name on dsn's listener,
+// starting it. LISTEN runs in the background: until the listener is
+// connected a subscription polls, and the first connection wakes it.
+func joinPush(dsn, name string, ch chan struct{}) *pushHub {
+	pushHubs.Lock()
+	defer pushHubs.Unlock()
+	h := pushHubs.m[dsn]
+	if h == nil {
+		h = &pushHub{dsn: dsn, subs: map[string]map[chan struct{}]struct{}{}, stop: make(chan struct{})}
+		h.l = pq.NewListener(dsn, 10*time.Millisecond, time.Second, func(ev pq.ListenerEventType, err error) {
+			if ev == pq.ListenerEventConnected || ev == pq.ListenerEventReconnected {
+				h.wake("") // notifications may have been missed meanwhile
+			}
+		})
+		pushHubs.m[dsn] = h
+		go h.run()
+	}
+	if h.subs[name] == nil {
+		h.subs[name] = map[chan struct{}]struct{}{}
+		go func() { _ = h.l.Listen(name) }() // blocks until the server answers
+	}
+	h.subs[name][ch] = struct{}{}
+	return h
+}
+
+// leave removes and closes ch; the last receiver of a channel unlistens,
+// the last of the hub closes the listener.
+func (h *pushHub) leave(name string, ch chan struct{}) {
+	pushHubs.Lock()
+	defer pushHubs.Unlock()
+	if _, ok := h.subs[name][ch]; !ok {
+		return
+	}
+	delete(h.subs[name], ch)
+	close(ch)
+	if len(h.subs[name]) > 0 {
+		return
+	}
+	delete(h.subs, name)
+	if len(h.subs) > 0 {
+		go func() { _ = h.l.Unlisten(name) }()
+		return
+	}
+	delete(pushHubs.m, h.dsn)
+	close(h.stop)
+}
+
+// run dispatches notifications, pings the connection every half minute so
+// a dead one is noticed and replaced, and closes the listener at the end.
+func (h *pushHub) run() {
+	defer h.l.Close()
+	ping := time.NewTicker(30 * time.Second)
+	defer ping.Stop()
+	for {
+		select {
+		case n := <-h.l.Notify:
+			if n == nil { // reconnected: the callback has woken everyone
+				continue
+			}
+			h.wake(n.Channel)
+		case <-ping.C:
+			go func() { _ = h.l.Ping() }()
+		case <-h.stop:
+			return
+		}
+	}
+}
+
+// wake pokes the receivers of channel name, or every receiver for "".
+func (h *pushHub) wake(name string) {
+	pushHubs.Lock()
+	defer pushHubs.Unlock()
+	for n, chs := range h.subs {
+		if name != "" && n != name {
 			continue
 		}
 		for ch := range chs {

@@ -21,8 +21,10 @@
 //     two-key form, so guards never share a lock with the advisory form's
 //     one-key locks, and works on every supported server;
 //   - wake-ups: Publish runs pg_notify in the publishing transaction and
-//     subscriptions LISTEN on one shared connection per pool (lib/pq only;
-//     see Dialect.Listen).
+//     subscriptions LISTEN: on a pq.Listener when the dialect knows the DSN
+//     (Open, Dialect.ListenDSN), a publish then wakes them within a round
+//     trip; otherwise on one pooled connection per pool, read every 100 ms
+//     (lib/pq only; see Dialect.Listen).
 //
 // A server older than a form needs fails the subscription at start with a
 // *core.VersionError (core.ErrServerTooOld).
@@ -52,12 +54,20 @@ func init() {
 
 // Dialect is the PostgreSQL dialect. The zero value is ready to use, e.g.
 // with sqlxbroker.OpenDialect for a driver registered under another name.
-type Dialect struct{}
+type Dialect struct {
+	// ListenDSN, when set, is the DSN wake-ups listen with: a pq.Listener
+	// on its own connection delivers each notification as the server
+	// sends it. Without it, a pool opened by Open listens with its own
+	// DSN, and any other pool reads notifications on a pooled connection
+	// every heartbeat (100 ms).
+	ListenDSN string
+}
 
 var _ interface {
 	core.Dialect
 	core.RowLocker
 	core.Leaser
+	core.LeaseFencer
 	core.AdvisoryLocker
 	core.GroupGuard
 	core.ServerChecker
@@ -87,18 +97,19 @@ func (Dialect) SkipLocked() string { return "FOR UPDATE SKIP LOCKED" }
 // otherwise: each statement of a claim sees the latest commits.
 func (Dialect) ClaimIsolation() sql.IsolationLevel { return sql.LevelDefault }
 
-// claimLeases picks the rows with a locking select that skips locked rows
-// (a CTE with FOR UPDATE is evaluated once, never inlined), updates exactly
-// those, and returns them in claim order. The where clause is over alias
-// c, inside the CTE; the table is u in the update, so RETURNING u.* reads
-// every column of the updated row.
+// claimLeases locks the rows to claim in a sub-select that skips locked
+// rows and updates exactly those, found by their ids through the primary
+// key (an array, so the plan never hashes the whole table however large
+// the backlog), then returns them in claim order. The where clause is over
+// alias c; RETURNING u.* reads every column of the updated row.
 //
 //	%[1]s table  %[2]s alias c  %[3]s where  %[4]s order by (over c)
 //	%[5]s limit  %[6]s id       %[7]s lease  %[8]s attempt  %[9]s order column
-const claimLeases = `WITH picked AS (
-  SELECT %[2]s.%[6]s FROM %[1]s %[2]s WHERE %[3]s ORDER BY %[4]s LIMIT %[5]d FOR UPDATE SKIP LOCKED
-), claimed AS (
-  UPDATE %[1]s u SET %[7]s = ?, %[8]s = u.%[8]s + 1 FROM picked WHERE u.%[6]s = picked.%[6]s RETURNING u.*
+//	%[10]s the next attempt (Plan.NextAttempt over u)
+const claimLeases = `WITH claimed AS (
+  UPDATE %[1]s u SET %[7]s = ?, %[8]s = %[10]s
+  WHERE u.%[6]s = ANY(ARRAY(SELECT %[2]s.%[6]s FROM %[1]s %[2]s WHERE %[3]s ORDER BY %[4]s LIMIT %[5]d FOR UPDATE SKIP LOCKED))
+  RETURNING u.*
 )
 SELECT * FROM claimed ORDER BY %[9]s`
 
@@ -106,9 +117,59 @@ SELECT * FROM claimed ORDER BY %[9]s`
 func (Dialect) ClaimLeases(ctx context.Context, tx *sqlx.Tx, p *core.LeaseClaimParams) (*sqlx.Rows, error) {
 	pl := p.Plan
 	q := fmt.Sprintf(claimLeases, pl.QTable, pl.Alias, p.Where, pl.OrderBy(pl.Alias), p.Limit,
-		pl.QID, pl.QLockedUntil, pl.QAttempt, pl.QOrder)
-	// The where args come first in the text, the deadline after them.
-	return tx.QueryxContext(ctx, pl.Rebind(q), append(append([]any{}, p.Args...), p.Deadline)...)
+		pl.QID, pl.QLockedUntil, pl.QAttempt, pl.QOrder, pl.NextAttempt("u"))
+	// The deadline comes first in the text, the where args after it.
+	return tx.QueryxContext(ctx, pl.Rebind(q), append([]any{p.Deadline}, p.Args...)...)
+}
+
+// fenceLeases pairs ids and tokens by position: the first array is typed
+// by its comparison with the ID column (so any key type works) and read
+// again by array_position, the tokens are timestamptz. An index scan on
+// the IDs finds the rows; planning does not grow with the batch.
+//
+//	%[1]s id column  %[2]s lease column
+const fenceLeases = `%[1]s = ANY(?) AND %[2]s = (?::timestamptz[])[array_position(?, %[1]s)]`
+
+// FenceLeases matches a batch of leased rows with two array arguments.
+func (Dialect) FenceLeases(p *core.Plan, ids, tokens []any) (string, []any) {
+	idArr := arrayLiteral(ids)
+	return fmt.Sprintf(fenceLeases, p.QID, p.QLockedUntil), []any{idArr, arrayLiteral(tokens), idArr}
+}
+
+// arrayLiteral writes values as a PostgreSQL array literal, each element
+// double-quoted, so the server converts it to whatever array type the
+// statement gives it.
+func arrayLiteral(vals []any) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, v := range vals {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		var s string
+		switch x := v.(type) {
+		case int64:
+			s = strconv.FormatInt(x, 10)
+		case []byte:
+			s = string(x)
+		case string:
+			s = x
+		case time.Time:
+			s = x.UTC().Format("2006-01-02 15:04:05.999999Z07:00")
+		default:
+			s = fmt.Sprint(x)
+		}
+		b.WriteByte('"')
+		for _, r := range s {
+			if r == '"' || r == '\\' {
+				b.WriteByte('\\')
+			}
+			b.WriteRune(r)
+		}
+		b.WriteByte('"')
+	}
+	b.WriteByte('}')
+	return b.String()
 }
 
 const (
@@ -270,7 +331,13 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 			_ = add(c[0], c[1], false)
 		}
 	}
-	stmts := []string{"CREATE TABLE IF NOT EXISTS " + pl.QTable + " (\n  " + strings.Join(cols, ",\n  ") + "\n)"}
+	with := ""
+	if t.Form() != core.RowLock {
+		// Claims update every row they take (lease, attempt): room on the
+		// page keeps those updates heap-only, with no new index entries.
+		with = " WITH (fillfactor = 50)"
+	}
+	stmts := []string{"CREATE TABLE IF NOT EXISTS " + pl.QTable + " (\n  " + strings.Join(cols, ",\n  ") + "\n)" + with}
 	where := ""
 	if u := pl.Unfinished(""); u != "1=1" {
 		where = " WHERE " + u

@@ -292,7 +292,9 @@ func TestSkipNotWait(t *testing.T) {
 				}
 			}
 			if fc.name == "lease" {
-				future := time.Now().Add(time.Hour).UTC()
+				// A live lease: within one lease (30 s) of now. (One more
+				// than two leases ahead would be dangling, and claimed.)
+				future := time.Now().Add(20 * time.Second).UTC()
 				if _, err := db1.Exec("UPDATE "+q+" SET locked_until = $1 WHERE id = $2", future, first+1); err != nil {
 					t.Fatal(err)
 				}
@@ -684,4 +686,90 @@ func TestDDL(t *testing.T) {
 	if stmts, _ := b.TableDDL(sqlxbroker.Table{Name: "plain"}); len(stmts) != 1 {
 		t.Errorf("a plain table needs no index beyond its primary key: %v", stmts)
 	}
+}
+
+// TestListenPush: with a DSN to listen with, a notification wakes the
+// receiver as the server sends it; a killed listening session is
+// reconnected and wakes its receivers; the channel closes with its context,
+// and the last receiver gone, the listening session ends.
+func TestListenPush(t *testing.T) {
+	app := uniq("sxbpush_")
+	listen := dsn(t)
+	if strings.Contains(listen, "?") {
+		listen += "&application_name=" + app
+	} else if strings.Contains(listen, "://") {
+		listen += "?application_name=" + app
+	} else {
+		listen += " application_name=" + app
+	}
+	d := postgres.Dialect{ListenDSN: listen}
+	p, err := core.NewPlan(d, core.Table{Name: uniq("sxb_push_")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, other := openDB(t, ""), openDB(t, "")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ch, err := d.Listen(ctx, db, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	received := func() bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	sessions := func() int {
+		var n int
+		if err := other.Get(&n, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", app); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	listening := func() bool {
+		var n int
+		if err := other.Get(&n, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN%'", app); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	}
+	waitFor(t, 5*time.Second, "the listener to connect and LISTEN", listening)
+	for received() {
+	}
+	notify := func() time.Time {
+		q, args := d.WakeStatement(p)
+		sent := time.Now()
+		if _, err := other.Exec(q, args...); err != nil {
+			t.Fatal(err)
+		}
+		return sent
+	}
+	sent := notify()
+	waitFor(t, time.Second, "a notification", received)
+	t.Logf("notification received %v after the commit", time.Since(sent).Round(time.Microsecond))
+	if db.Stats().OpenConnections != 1 { // openDB's ping
+		t.Errorf("the pool opened %d connections; the listener must use its own", db.Stats().OpenConnections)
+	}
+
+	killSessions(t, other, app)
+	waitFor(t, 5*time.Second, "the wake-up after the listener reconnects", received)
+	waitFor(t, 5*time.Second, "the listener to LISTEN again", listening)
+	for received() {
+	}
+	notify()
+	waitFor(t, time.Second, "a notification after the reconnect", received)
+
+	cancel()
+	waitFor(t, time.Second, "the channel to close", func() bool {
+		select {
+		case _, ok := <-ch:
+			return !ok
+		default:
+			return false
+		}
+	})
+	waitFor(t, 5*time.Second, "the listening session to end", func() bool { return sessions() == 0 })
 }

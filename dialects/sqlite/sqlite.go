@@ -85,14 +85,14 @@ func (Dialect) CheckServer(ctx context.Context, db *sqlx.DB, form core.Form) err
 	return nil
 }
 
-const claimLeases = `UPDATE %[1]s SET %[2]s = ?, %[3]s = %[3]s + 1
+const claimLeases = `UPDATE %[1]s SET %[2]s = ?, %[3]s = %[9]s
 WHERE %[4]s IN (SELECT %[5]s.%[4]s FROM %[1]s %[5]s WHERE %[6]s ORDER BY %[7]s LIMIT %[8]d)
 RETURNING *`
 
 // ClaimLeases claims with one UPDATE .. RETURNING.
 func (Dialect) ClaimLeases(ctx context.Context, tx *sqlx.Tx, p *core.LeaseClaimParams) (*sqlx.Rows, error) {
 	pl := p.Plan
-	q := fmt.Sprintf(claimLeases, pl.QTable, pl.QLockedUntil, pl.QAttempt, pl.QID, pl.Alias, p.Where, pl.OrderBy(pl.Alias), p.Limit)
+	q := fmt.Sprintf(claimLeases, pl.QTable, pl.QLockedUntil, pl.QAttempt, pl.QID, pl.Alias, p.Where, pl.OrderBy(pl.Alias), p.Limit, pl.NextAttempt(""))
 	return tx.QueryxContext(ctx, q, append([]any{p.Deadline}, p.Args...)...)
 }
 

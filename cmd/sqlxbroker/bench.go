@@ -1,0 +1,183 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sqlxbroker/sqlxbroker"
+	"github.com/sqlxbroker/sqlxbroker/core"
+	"github.com/sqlxbroker/sqlxbroker/dialects/postgres"
+	"github.com/sqlxbroker/sqlxbroker/dialects/sqlite"
+	"github.com/sqlxbroker/sqlxbroker/internal/bench"
+)
+
+const benchUsage = `usage: sqlxbroker bench --driver NAME --dsn DSN [flags]
+
+Fills a table with --rows messages and drains it with --concurrency handlers
+that do nothing (--mode drain), or publishes --rate messages per second for
+--duration and measures publish-to-handler latency (--mode steady). Each run
+also measures the database's raw commit rate over the same number of
+connections and prints deliveries/s divided by commits/s.
+
+Lists in --form and --concurrency make a sweep: every form at every
+concurrency. --json prints one JSON line per run; --svg writes a chart of
+the sweep. For SQLite, --dsn may be a plain file path.
+
+flags:
+`
+
+func benchCmd(args []string) error {
+	fs := flag.NewFlagSet("bench", flag.ExitOnError)
+	fs.Usage = func() { fmt.Fprint(os.Stderr, benchUsage); fs.PrintDefaults() }
+	driver := fs.String("driver", "", "database/sql driver name: "+strings.Join(sqlxbroker.Dialects(), ", "))
+	dsn := fs.String("dsn", "", "data source name (the run creates and drops its own tables)")
+	forms := fs.String("form", "lease", "claim forms, comma-separated: row-lock, lease, advisory, or all")
+	mode := fs.String("mode", bench.Drain, "drain or steady")
+	rows := fs.Int("rows", 10_000, "drain: backlog to fill and drain")
+	conc := fs.String("concurrency", "10", "handlers at once, comma-separated for a sweep")
+	batch := fs.Int("batch", 0, "most rows per claim (0: the engine's default, the concurrency)")
+	keys := fs.Int("keys", 1000, "distinct advisory keys")
+	rate := fs.Int("rate", 200, "steady: messages per second")
+	dur := fs.Duration("duration", 10*time.Second, "steady: how long to publish")
+	commit := fs.Duration("commit-duration", 3*time.Second, "raw commit loop length (negative: skip)")
+	table := fs.String("table", "sqlxbroker_bench", "table to create, fill and drop")
+	asJSON := fs.Bool("json", false, "print one JSON line per run instead of the table")
+	svg := fs.String("svg", "", "write a chart of the runs (concurrency x deliveries/s) to this SVG file")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the runs to this file")
+	_ = fs.Parse(args)
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	if *driver == "" || *dsn == "" {
+		fs.Usage()
+		return fmt.Errorf("bench: --driver and --dsn are required")
+	}
+	d, err := sqlxbroker.Lookup(*driver)
+	if err != nil {
+		return err
+	}
+	if *driver == "sqlite" && !strings.HasPrefix(*dsn, "file:") {
+		*dsn = sqlite.DSN(*dsn)
+	}
+	if pd, ok := d.(postgres.Dialect); ok {
+		// Wake-ups on a listener of their own, as postgres.Open gives.
+		pd.ListenDSN = *dsn
+		d = pd
+	}
+	fl, err := benchForms(*forms, d)
+	if err != nil {
+		return err
+	}
+	cl, err := parseInts(*conc)
+	if err != nil {
+		return fmt.Errorf("bench: --concurrency: %w", err)
+	}
+	logf := func(format string, a ...any) {
+		if !*asJSON {
+			fmt.Fprintf(os.Stderr, "  "+format+"\n", a...)
+		}
+	}
+	if !*asJSON {
+		fmt.Printf("sqlxbroker bench: %s, %s, %d CPUs, %s\n", d.Name(), *mode, runtime.NumCPU(), runtime.Version())
+	}
+	var results []bench.Result
+	for _, f := range fl {
+		for _, k := range cl {
+			if !*asJSON {
+				fmt.Fprintf(os.Stderr, "%s %s concurrency %d\n", f, *mode, k)
+			}
+			r, err := bench.Run(context.Background(), bench.Config{Driver: *driver, DSN: *dsn, Dialect: d, Form: f,
+				Mode: *mode, Rows: *rows, Concurrency: k, BatchSize: *batch, Keys: *keys, Rate: *rate,
+				Duration: *dur, CommitDuration: *commit, Table: *table, Logf: logf})
+			if err != nil {
+				return fmt.Errorf("bench %s concurrency %d: %w", f, k, err)
+			}
+			results = append(results, *r)
+			if *asJSON {
+				line, _ := json.Marshal(r)
+				fmt.Println(string(line))
+			}
+		}
+	}
+	if !*asJSON {
+		printResults(results)
+	}
+	if *svg != "" {
+		out, err := os.Create(*svg)
+		if err != nil {
+			return err
+		}
+		title := fmt.Sprintf("sqlxbroker %s: %s, %d rows", *mode, d.Name(), *rows)
+		if err := bench.WriteSVG(out, title, results); err != nil {
+			out.Close()
+			return err
+		}
+		if err := out.Close(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// benchForms reads --form: "all" is every form d offers.
+func benchForms(s string, d core.Dialect) ([]core.Form, error) {
+	if s == "all" {
+		return core.FormsOf(d), nil
+	}
+	var out []core.Form
+	for _, name := range strings.Split(s, ",") {
+		f := formByName(strings.TrimSpace(name))
+		if f == 0 {
+			return nil, fmt.Errorf("bench: unknown form %q (row-lock, lease, advisory or all)", name)
+		}
+		out = append(out, f)
+	}
+	return out, nil
+}
+
+// formByName returns the form whose String is name, 0 for none.
+func formByName(name string) core.Form {
+	for _, f := range core.Forms {
+		if f.String() == name {
+			return f
+		}
+	}
+	return 0
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, p := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(p))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q is not a positive integer", p)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// printResults prints one line per run, as docs/performance.md shows them.
+func printResults(rs []bench.Result) {
+	fmt.Printf("\n| form | conc | rows | deliveries/s | p50 ms | p99 ms | peak conns | peak RSS MB | commits/s | ratio | errors |\n")
+	fmt.Printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, r := range rs {
+		fmt.Printf("| %s | %d | %d | %.0f | %.2f | %.2f | %d | %.0f | %.0f | %.2f | %d |\n",
+			r.Form, r.Concurrency, r.Rows, r.PerSecond, r.P50Ms, r.P99Ms, r.PeakConns, r.PeakRSSMB, r.CommitsPerSec, r.Ratio, r.Errors)
+	}
+}

@@ -1,0 +1,543 @@
+// Package bench measures sqlxbroker on a real database: it fills a table
+// and drains it with K handlers that do nothing (drain mode), or publishes
+// at a fixed rate and measures publish-to-handler latency (steady mode). In
+// the same run it measures the database's raw commit rate over K
+// connections (a single-row UPDATE per autocommit statement), so a result
+// can be read as a ratio that carries across machines: deliveries per
+// second over commits per second.
+//
+// The sqlxbroker command's bench subcommand and the go test benchmarks of
+// this package both drive Run.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/sqlxbroker/sqlxbroker"
+	"github.com/sqlxbroker/sqlxbroker/core"
+)
+
+// Modes of a run.
+const (
+	Drain  = "drain"
+	Steady = "steady"
+)
+
+// Config is one benchmark run.
+type Config struct {
+	Driver string // database/sql driver name
+	DSN    string
+	// Dialect is the dialect under test; nil: the one registered for
+	// Driver.
+	Dialect core.Dialect
+	Form    core.Form
+	Mode    string // Drain (default) or Steady
+
+	// Rows is the backlog a drain starts with; default 10,000.
+	Rows int
+	// Concurrency is the most handlers running at once (K); default 10.
+	Concurrency int
+	// BatchSize is the most rows one claim takes; 0: the engine's default.
+	BatchSize int
+	// Keys is the number of distinct advisory keys rows spread over;
+	// default 1,000.
+	Keys int
+
+	// Rate is the steady mode's messages per second; default 200.
+	Rate int
+	// Duration is how long the steady mode publishes; default 10s.
+	Duration time.Duration
+
+	// CommitDuration is how long the raw commit loop runs; default 3s,
+	// negative to skip it.
+	CommitDuration time.Duration
+
+	// Table names the table to (re)create; default "sqlxbroker_bench".
+	Table string
+	// Logf, when set, reports progress.
+	Logf func(format string, args ...any)
+}
+
+// Result is what a run measured. Latency is publish-to-handler in steady
+// mode and handler-start-to-completion in drain mode.
+type Result struct {
+	Dialect       string  `json:"dialect"`
+	Server        string  `json:"server,omitempty"`
+	Form          string  `json:"form"`
+	Mode          string  `json:"mode"`
+	Rows          int     `json:"rows"`
+	Concurrency   int     `json:"concurrency"`
+	BatchSize     int     `json:"batch_size"`
+	Deliveries    int64   `json:"deliveries"`
+	Seconds       float64 `json:"seconds"`
+	PerSecond     float64 `json:"deliveries_per_sec"`
+	P50Ms         float64 `json:"p50_ms"`
+	P99Ms         float64 `json:"p99_ms"`
+	PeakConns     int     `json:"peak_conns"`
+	PeakRSSMB     float64 `json:"peak_rss_mb"`
+	CommitsPerSec float64 `json:"commits_per_sec,omitempty"`
+	Ratio         float64 `json:"ratio,omitempty"` // PerSecond / CommitsPerSec
+	Errors        int64   `json:"errors"`          // claim and completion errors, lost leases
+}
+
+func (c *Config) defaults() error {
+	if c.Driver == "" || c.DSN == "" {
+		return errors.New("bench: driver and DSN are required")
+	}
+	if c.Dialect == nil {
+		d, err := sqlxbroker.Lookup(c.Driver)
+		if err != nil {
+			return err
+		}
+		c.Dialect = d
+	}
+	if c.Form == 0 {
+		c.Form = core.Lease
+	}
+	if !core.CapabilitiesOf(c.Dialect).Offers(c.Form) {
+		return &core.FormError{Dialect: c.Dialect.Name(), Form: c.Form, Reason: "the dialect does not implement it"}
+	}
+	if c.Mode == "" {
+		c.Mode = Drain
+	}
+	if c.Mode != Drain && c.Mode != Steady {
+		return fmt.Errorf("bench: unknown mode %q (drain or steady)", c.Mode)
+	}
+	if c.Rows < 0 || c.Concurrency < 0 || c.BatchSize < 0 || c.Keys < 0 || c.Rate < 0 || c.Duration < 0 {
+		return errors.New("bench: negative rows, concurrency, batch size, keys, rate or duration")
+	}
+	if c.Rows == 0 {
+		c.Rows = 10_000
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 10
+	}
+	if c.Keys == 0 {
+		c.Keys = 1000
+	}
+	if c.Rate == 0 {
+		c.Rate = 200
+	}
+	if c.Duration == 0 {
+		c.Duration = 10 * time.Second
+	}
+	if c.CommitDuration == 0 {
+		c.CommitDuration = 3 * time.Second
+	}
+	if c.Table == "" {
+		c.Table = "sqlxbroker_bench"
+	}
+	if c.Logf == nil {
+		c.Logf = func(string, ...any) {}
+	}
+	return core.CheckIdent(c.Table)
+}
+
+// Table returns the description of the benchmark table for form f.
+func Table(name string, f core.Form) core.Table {
+	t := core.Table{Name: name}
+	switch f {
+	case core.Lease:
+		t.LockedUntil = "locked_until"
+	case core.Advisory:
+		t.AdvisoryLock = "acct-{acct}"
+	}
+	return t
+}
+
+// payload are the benchmark table's columns beyond the broker's own.
+var payload = [][2]string{{"acct", "text"}, {"pub_ns", "bigint"}}
+
+type message struct {
+	Acct  string `db:"acct"`
+	PubNS int64  `db:"pub_ns"`
+}
+
+// Run runs one benchmark.
+func Run(ctx context.Context, c Config) (*Result, error) {
+	if err := c.defaults(); err != nil {
+		return nil, err
+	}
+	db, err := open(c)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	b := sqlxbroker.OpenDialect(db, c.Dialect)
+	t := Table(c.Table, c.Form)
+	if err := recreate(ctx, b, t); err != nil {
+		return nil, err
+	}
+	defer drop(b, t.Name)
+	r := &Result{Dialect: c.Dialect.Name(), Server: serverVersion(ctx, db), Form: c.Form.String(), Mode: c.Mode,
+		Concurrency: c.Concurrency, BatchSize: c.BatchSize}
+
+	if c.CommitDuration > 0 {
+		c.Logf("raw commit loop over %d connections for %v", c.Concurrency, c.CommitDuration)
+		if r.CommitsPerSec, err = CommitRate(ctx, c, db); err != nil {
+			return nil, err
+		}
+	}
+	switch c.Mode {
+	case Drain:
+		err = drain(ctx, c, b, t, r)
+	case Steady:
+		err = steady(ctx, c, b, t, r)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if r.CommitsPerSec > 0 {
+		r.Ratio = r.PerSecond / r.CommitsPerSec
+	}
+	return r, nil
+}
+
+// open opens a pool that keeps as many idle connections as a run can use:
+// the row-lock and advisory forms hold one per delivery in work.
+func open(c Config) (*sqlx.DB, error) {
+	db, err := sqlx.Open(c.Driver, c.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("bench: open %s: %w", c.Driver, err)
+	}
+	db.SetMaxIdleConns(c.Concurrency + 8)
+	if err := db.Ping(); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("bench: reach the %s database: %w", c.Driver, err)
+	}
+	return db, nil
+}
+
+func recreate(ctx context.Context, b *sqlxbroker.Broker, t core.Table) error {
+	drop(b, t.Name)
+	if err := b.CreateTable(ctx, t, payload...); err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	return nil
+}
+
+func drop(b *sqlxbroker.Broker, name string) {
+	_, _ = b.DB().Exec("DROP TABLE IF EXISTS " + b.Dialect().QuoteIdent(name))
+}
+
+// serverVersion reads the server's version where a common statement has it.
+func serverVersion(ctx context.Context, db *sqlx.DB) string {
+	for _, q := range []string{"SELECT version()", "SELECT 'SQLite ' || sqlite_version()"} {
+		var v string
+		if err := db.QueryRowContext(ctx, q).Scan(&v); err == nil {
+			if i := strings.Index(v, " on "); i > 0 {
+				v = v[:i]
+			}
+			return v
+		}
+	}
+	return ""
+}
+
+// fill publishes n rows in transactions of 10,000, each with pub_ns set to
+// now and its key among keys.
+func fill(ctx context.Context, b *sqlxbroker.Broker, t core.Table, n, keys int) error {
+	const chunk = 10_000
+	msgs := make([]any, 0, chunk)
+	for start := 0; start < n; start += chunk {
+		msgs = msgs[:0]
+		now := time.Now().UnixNano()
+		for i := start; i < min(start+chunk, n); i++ {
+			msgs = append(msgs, message{Acct: strconv.Itoa(i % keys), PubNS: now})
+		}
+		tx, err := b.DB().BeginTxx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if err := b.Publish(ctx, tx, t, msgs...); err != nil {
+			tx.Rollback()
+			return err
+		}
+		if err := tx.Commit(); err != nil {
+			return err
+		}
+	}
+	// Fresh statistics, as autovacuum would have them on a live queue.
+	q := b.Dialect().QuoteIdent(t.Name)
+	if _, err := b.DB().ExecContext(ctx, "ANALYZE "+q); err != nil {
+		_, _ = b.DB().ExecContext(ctx, "ANALYZE TABLE "+q)
+	}
+	return nil
+}
+
+// watch samples the pool's open connections and the process's peak RSS
+// while a run lasts.
+type watch struct {
+	db    *sqlx.DB
+	peak  atomic.Int64
+	stop  chan struct{}
+	ended chan struct{}
+}
+
+func startWatch(db *sqlx.DB) *watch {
+	runtime.GC()
+	debug.FreeOSMemory()
+	resetPeakRSS()
+	w := &watch{db: db, stop: make(chan struct{}), ended: make(chan struct{})}
+	go func() {
+		defer close(w.ended)
+		t := time.NewTicker(time.Millisecond)
+		defer t.Stop()
+		for {
+			if n := int64(db.Stats().OpenConnections); n > w.peak.Load() {
+				w.peak.Store(n)
+			}
+			select {
+			case <-w.stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return w
+}
+
+func (w *watch) end(r *Result) {
+	close(w.stop)
+	<-w.ended
+	r.PeakConns = int(w.peak.Load())
+	r.PeakRSSMB = float64(peakRSS()) / (1 << 20)
+}
+
+// resetPeakRSS restarts the kernel's peak RSS count (Linux; elsewhere the
+// peak covers the whole process).
+func resetPeakRSS() { _ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) }
+
+// peakRSS returns the process's peak resident set in bytes (VmHWM), 0 where
+// the kernel does not say.
+func peakRSS() int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmHWM:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+func quiet() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+}
+
+// sample: a drain times one delivery in sample, so that timing costs the
+// run little.
+const sample = 8
+
+// drain fills the table with c.Rows rows and times K no-op handlers
+// draining it.
+func drain(ctx context.Context, c Config, b *sqlxbroker.Broker, t core.Table, r *Result) error {
+	c.Logf("filling %d rows", c.Rows)
+	if err := fill(ctx, b, t, c.Rows, c.Keys); err != nil {
+		return fmt.Errorf("bench: fill: %w", err)
+	}
+	r.Rows = c.Rows
+	// A fresh pool, so the peak counts what the drain opens.
+	db, err := open(c)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	sb := sqlxbroker.OpenDialect(db, c.Dialect)
+
+	var lat hist
+	var starts sync.Map // *core.Delivery -> time.Time, for one delivery in sample
+	var seq atomic.Int64
+	var done atomic.Int64
+	finished := make(chan struct{})
+	n := int64(c.Rows)
+	h := func(ctx context.Context, d *core.Delivery) error {
+		if seq.Add(1)%sample == 0 {
+			starts.Store(d, time.Now())
+		}
+		return nil
+	}
+	p := sqlxbroker.SubscribeParams{Concurrency: c.Concurrency, BatchSize: c.BatchSize, Logger: quiet(),
+		PollInterval: 100 * time.Millisecond,
+		OnOutcome: func(d *core.Delivery, o core.Outcome, err error) {
+			if v, ok := starts.LoadAndDelete(d); ok {
+				lat.Record(time.Since(v.(time.Time)))
+			}
+			if err == nil && o.Kind == core.Succeeded && done.Add(1) == n {
+				close(finished)
+			}
+		}}
+	c.Logf("draining with concurrency %d", c.Concurrency)
+	w := startWatch(db)
+	begin := time.Now()
+	s, err := sb.Subscribe(ctx, t, h, p)
+	if err != nil {
+		w.end(r)
+		return err
+	}
+	var last time.Time
+	timeout := time.NewTimer(10*time.Minute + time.Duration(c.Rows)*time.Millisecond)
+	defer timeout.Stop()
+	select {
+	case <-finished:
+		last = time.Now()
+	case <-timeout.C:
+	case <-ctx.Done():
+	}
+	_ = s.Stop(context.Background())
+	w.end(r)
+	fillResult(r, s.Stats(), &lat)
+	if last.IsZero() {
+		return fmt.Errorf("bench: drain stopped after %d of %d deliveries (%v)", done.Load(), n, ctx.Err())
+	}
+	r.Deliveries = done.Load()
+	r.Seconds = last.Sub(begin).Seconds()
+	r.PerSecond = float64(r.Deliveries) / r.Seconds
+	return nil
+}
+
+func fillResult(r *Result, st core.Stats, lat *hist) {
+	r.Errors = st.ClaimErrors + st.CompleteErrors + st.LeaseLost
+	r.P50Ms = lat.Quantile(0.50).Seconds() * 1000
+	r.P99Ms = lat.Quantile(0.99).Seconds() * 1000
+}
+
+// steady publishes one message at a time at c.Rate per second for
+// c.Duration from a second broker (its own pool, as another process would
+// publish) and measures publish-to-handler latency.
+func steady(ctx context.Context, c Config, b *sqlxbroker.Broker, t core.Table, r *Result) error {
+	db, err := open(c)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	sb := sqlxbroker.OpenDialect(db, c.Dialect)
+	var lat hist
+	var got atomic.Int64
+	h := func(ctx context.Context, d *core.Delivery) error {
+		var m message
+		if err := d.Scan(&m); err != nil {
+			return err
+		}
+		lat.Record(time.Since(time.Unix(0, m.PubNS)))
+		got.Add(1)
+		return nil
+	}
+	p := sqlxbroker.SubscribeParams{Concurrency: c.Concurrency, BatchSize: c.BatchSize, Logger: quiet()}
+	w := startWatch(db)
+	s, err := sb.Subscribe(ctx, t, h, p)
+	if err != nil {
+		w.end(r)
+		return err
+	}
+	defer s.Stop(context.Background())
+	c.Logf("publishing %d/s for %v", c.Rate, c.Duration)
+	every := time.Second / time.Duration(c.Rate)
+	begin := time.Now()
+	var sent int64
+	for i := 0; ; i++ {
+		next := begin.Add(time.Duration(i) * every)
+		if next.Sub(begin) >= c.Duration {
+			break
+		}
+		if d := time.Until(next); d > 0 {
+			time.Sleep(d)
+		}
+		m := message{Acct: strconv.Itoa(i % c.Keys), PubNS: time.Now().UnixNano()}
+		if err := b.Publish(ctx, b.DB(), t, m); err != nil {
+			w.end(r)
+			return fmt.Errorf("bench: publish: %w", err)
+		}
+		sent++
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for got.Load() < sent && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	elapsed := time.Since(begin)
+	_ = s.Stop(context.Background())
+	w.end(r)
+	fillResult(r, s.Stats(), &lat)
+	r.Rows = int(sent)
+	r.Deliveries = got.Load()
+	r.Seconds = elapsed.Seconds()
+	r.PerSecond = float64(r.Deliveries) / r.Seconds
+	if r.Deliveries < sent {
+		return fmt.Errorf("bench: %d of %d published messages were not delivered within 30s", sent-r.Deliveries, sent)
+	}
+	return nil
+}
+
+// CommitRate measures the database's raw commit rate: c.Concurrency
+// connections each run "UPDATE .. SET n = n + 1 WHERE id = <its own row>"
+// as autocommit statements for c.CommitDuration; the result is commits per
+// second over all of them.
+func CommitRate(ctx context.Context, c Config, db *sqlx.DB) (float64, error) {
+	d := c.Dialect
+	name := d.QuoteIdent(c.Table + "_commit")
+	_, _ = db.ExecContext(ctx, "DROP TABLE IF EXISTS "+name)
+	if _, err := db.ExecContext(ctx, "CREATE TABLE "+name+" (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)"); err != nil {
+		return 0, fmt.Errorf("bench: commit table: %w", err)
+	}
+	defer db.Exec("DROP TABLE IF EXISTS " + name)
+	ins := sqlx.Rebind(d.BindType(), "INSERT INTO "+name+" (id, n) VALUES (?, 0)")
+	for i := 0; i < c.Concurrency; i++ {
+		if _, err := db.ExecContext(ctx, ins, i); err != nil {
+			return 0, fmt.Errorf("bench: commit table: %w", err)
+		}
+	}
+	upd := sqlx.Rebind(d.BindType(), "UPDATE "+name+" SET n = n + 1 WHERE id = ?")
+	var total atomic.Int64
+	var wg, ready sync.WaitGroup
+	errc := make(chan error, c.Concurrency)
+	start := make(chan struct{})
+	for i := 0; i < c.Concurrency; i++ {
+		wg.Add(1)
+		ready.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := db.Connx(ctx)
+			ready.Done()
+			if err != nil {
+				errc <- err
+				return
+			}
+			defer conn.Close()
+			<-start
+			end := time.Now().Add(c.CommitDuration)
+			for time.Now().Before(end) {
+				if _, err := conn.ExecContext(ctx, upd, i); err != nil {
+					errc <- err
+					return
+				}
+				total.Add(1)
+			}
+		}()
+	}
+	ready.Wait()
+	begin := time.Now()
+	close(start)
+	wg.Wait()
+	elapsed := time.Since(begin)
+	select {
+	case err := <-errc:
+		return 0, fmt.Errorf("bench: commit loop: %w", err)
+	default:
+	}
+	return float64(total.Load()) / elapsed.Seconds(), nil
+}

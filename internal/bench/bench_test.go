@@ -1,0 +1,146 @@
+package bench
+
+import (
+	"context"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sqlxbroker/sqlxbroker/conformance/provision"
+	"github.com/sqlxbroker/sqlxbroker/core"
+	_ "github.com/sqlxbroker/sqlxbroker/dialects/mysql"
+	"github.com/sqlxbroker/sqlxbroker/dialects/postgres"
+	"github.com/sqlxbroker/sqlxbroker/dialects/sqlite"
+	"github.com/sqlxbroker/sqlxbroker/forms"
+)
+
+// target is a database the benchmarks run on.
+type target struct {
+	name, driver, dsn string
+	dialect           core.Dialect
+}
+
+// targets returns SQLite (a temporary file) and the servers whose DSNs
+// the environment gives (provision's rules: a skip that names the variable,
+// a failure under SQLXBROKER_REQUIRE_DB=1).
+func targets(tb testing.TB) []target {
+	out := []target{{name: "sqlite", driver: "sqlite", dsn: sqlite.DSN(filepath.Join(tb.TempDir(), "bench.db"))}}
+	if os.Getenv(provision.Postgres.Env) != "" || os.Getenv(provision.Require) == "1" {
+		dsn := provision.Postgres.Get(tb)
+		out = append(out, target{name: "postgres", driver: "postgres", dsn: dsn, dialect: postgres.Dialect{ListenDSN: dsn}})
+	}
+	if os.Getenv(provision.MariaDB.Env) != "" || os.Getenv(provision.Require) == "1" {
+		out = append(out, target{name: "mysql", driver: "mysql", dsn: provision.MariaDB.Get(tb)})
+	}
+	return out
+}
+
+func TestHistQuantiles(t *testing.T) {
+	var h hist
+	if h.Quantile(0.5) != 0 {
+		t.Fatal("empty histogram: want 0")
+	}
+	// 1..1000 ms, shuffled: the q-quantile is q*1000 ms.
+	ms := rand.Perm(1000)
+	for _, v := range ms {
+		h.Record(time.Duration(v+1) * time.Millisecond)
+	}
+	for _, q := range []float64{0.5, 0.9, 0.99, 1} {
+		want := time.Duration(q*1000) * time.Millisecond
+		got := h.Quantile(q)
+		if got < want || float64(got) > float64(want)*growth*1.0001 {
+			t.Errorf("q%.2f = %v, want %v within 2%%", q, got, want)
+		}
+	}
+	if h.Count() != 1000 {
+		t.Errorf("count %d, want 1000", h.Count())
+	}
+}
+
+func TestWriteSVG(t *testing.T) {
+	var b strings.Builder
+	rs := []Result{
+		{Dialect: "PostgreSQL", Form: "lease", Concurrency: 8, PerSecond: 4000, CommitsPerSec: 2500},
+		{Dialect: "PostgreSQL", Form: "lease", Concurrency: 64, PerSecond: 30000, CommitsPerSec: 5000},
+		{Dialect: "PostgreSQL", Form: "row-lock", Concurrency: 8, PerSecond: 2300, CommitsPerSec: 2500},
+	}
+	if err := WriteSVG(&b, "a <sweep>", rs); err != nil {
+		t.Fatal(err)
+	}
+	svg := b.String()
+	for _, want := range []string{"<svg", "PostgreSQL lease", "PostgreSQL row-lock", "PostgreSQL commits/s", "a &lt;sweep&gt;", "</svg>"} {
+		if !strings.Contains(svg, want) {
+			t.Errorf("the chart lacks %q", want)
+		}
+	}
+	if strings.Count(svg, "<polyline") != 3 {
+		t.Errorf("%d lines, want 3 (two forms, one commit rate)", strings.Count(svg, "<polyline"))
+	}
+	if err := WriteSVG(&b, "empty", nil); err == nil {
+		t.Error("an empty sweep drew a chart")
+	}
+}
+
+// TestDrain drains a small backlog in every form of every database: every
+// row is delivered once, and a lease subscription keeps to its connection
+// budget however many handlers run.
+func TestDrain(t *testing.T) {
+	for _, tg := range targets(t) {
+		for _, f := range formsOf(tg) {
+			t.Run(tg.name+"/"+f.String(), func(t *testing.T) {
+				k := 50
+				r, err := Run(context.Background(), Config{Driver: tg.driver, DSN: tg.dsn, Dialect: tg.dialect, Form: f,
+					Rows: 2000, Concurrency: k, Keys: 100, CommitDuration: -1, Table: "sxb_bench_test"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.Deliveries != 2000 || r.Errors != 0 {
+					t.Errorf("delivered %d of 2000 with %d errors", r.Deliveries, r.Errors)
+				}
+				if r.PerSecond <= 0 || r.P99Ms < r.P50Ms || r.PeakRSSMB <= 0 {
+					t.Errorf("implausible result %+v", r)
+				}
+				if f == core.Lease && r.PeakConns > forms.LeaseConnections {
+					t.Errorf("lease form with %d handlers opened %d connections, want at most %d", k, r.PeakConns, forms.LeaseConnections)
+				}
+				t.Logf("%.0f deliveries/s, p50 %.2f ms, p99 %.2f ms, %d connections", r.PerSecond, r.P50Ms, r.P99Ms, r.PeakConns)
+			})
+		}
+	}
+}
+
+func formsOf(tg target) []core.Form {
+	d := tg.dialect
+	if d == nil {
+		c := Config{Driver: tg.driver, DSN: tg.dsn}
+		if err := c.defaults(); err != nil {
+			return nil
+		}
+		d = c.Dialect
+	}
+	return core.FormsOf(d)
+}
+
+// BenchmarkDrain drains b.N rows with 64 no-op handlers, for every form of
+// every database; ns/op is the drain's time per delivery, the fill left
+// out.
+func BenchmarkDrain(b *testing.B) {
+	for _, tg := range targets(b) {
+		for _, f := range formsOf(tg) {
+			b.Run(tg.name+"/"+f.String(), func(b *testing.B) {
+				r, err := Run(context.Background(), Config{Driver: tg.driver, DSN: tg.dsn, Dialect: tg.dialect, Form: f,
+					Rows: b.N, Concurrency: 64, CommitDuration: -1, Table: "sxb_bench_go"})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(r.Seconds*1e9/float64(r.Deliveries), "ns/op")
+				b.ReportMetric(r.PerSecond, "deliveries/s")
+				b.ReportMetric(r.P99Ms, "p99-ms")
+				b.ReportMetric(float64(r.PeakConns), "conns")
+			})
+		}
+	}
+}
