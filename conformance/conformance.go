@@ -131,6 +131,7 @@ func Scenarios() []Scenario {
 		{"FIFO", fifo, FIFO},
 		{"AdvisoryKeys", only(core.Advisory), AdvisoryKeys},
 		{"Outcomes", all, Outcomes},
+		{"BrokenRows", all, BrokenRows},
 		{"HandlerTx", only(core.RowLock), HandlerTx},
 		{"BadDescriptions", all, BadDescriptions},
 		{"HostileKeys", all, HostileKeys},
