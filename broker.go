@@ -129,7 +129,11 @@ func (b *Broker) Publish(ctx context.Context, q Execer, t Table, msgs ...any) er
 	for i, c := range cols {
 		qcols[i] = b.dialect.QuoteIdent(c)
 	}
-	per := max(1, maxParams/len(cols))
+	limit := p.Dialect.Features().MaxParams
+	if limit <= 0 {
+		limit = maxParams
+	}
+	per := max(1, limit/len(cols))
 	for start := 0; start < len(rows); start += per {
 		chunk := rows[start:min(start+per, len(rows))]
 		var sb strings.Builder
@@ -162,7 +166,8 @@ func (b *Broker) Publish(ctx context.Context, q Execer, t Table, msgs ...any) er
 	return nil
 }
 
-// maxParams keeps one insert under every built-in driver's parameter limit.
+// maxParams keeps one insert under every built-in driver's parameter limit,
+// where the dialect gives no limit of its own (Features.MaxParams).
 const maxParams = 30000
 
 var mapper = reflectx.NewMapperFunc("db", strings.ToLower)

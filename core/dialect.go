@@ -56,6 +56,10 @@ type Features struct {
 	// (SQLite), so every claim statement sees the last committed claim and
 	// FIFO tables need no GroupGuard.
 	SingleWriter bool
+	// MaxParams is the most arguments one statement should carry (a batch
+	// insert is cut to fit); 0 means 30,000, which every built-in driver
+	// takes.
+	MaxParams int
 }
 
 // RowLocker is the capability of the RowLock form: the database locks the

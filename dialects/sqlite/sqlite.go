@@ -24,6 +24,7 @@ package sqlite
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -50,6 +51,7 @@ type Dialect struct{}
 var _ interface {
 	core.Dialect
 	core.Leaser
+	core.LeaseFencer
 	core.AdvisoryLocker
 	core.AdvisoryAttacher
 	core.ServerChecker
@@ -68,8 +70,10 @@ const timeLayout = "2006-01-02 15:04:05.000000"
 // EncodeTime stores times as fixed-width UTC text.
 func (Dialect) EncodeTime(t time.Time) any { return t.UTC().Format(timeLayout) }
 
+// Features: RETURNING, one writer, and at most 1,000 arguments a statement
+// (the driver matches each argument to its place by a scan of them all).
 func (Dialect) Features() core.Features {
-	return core.Features{DeleteReturning: true, UpdateReturning: true, SingleWriter: true}
+	return core.Features{DeleteReturning: true, UpdateReturning: true, SingleWriter: true, MaxParams: 1000}
 }
 
 // CheckServer requires a busy timeout: without one, claims from several
@@ -94,6 +98,22 @@ func (Dialect) ClaimLeases(ctx context.Context, tx *sqlx.Tx, p *core.LeaseClaimP
 	pl := p.Plan
 	q := fmt.Sprintf(claimLeases, pl.QTable, pl.QLockedUntil, pl.QAttempt, pl.QID, pl.Alias, p.Where, pl.OrderBy(pl.Alias), p.Limit, pl.NextAttempt(""))
 	return tx.QueryxContext(ctx, q, append([]any{p.Deadline}, p.Args...)...)
+}
+
+// FenceLeases matches a batch of leased rows with one JSON argument of
+// [id, token] pairs: the statement stays small, however large the batch,
+// so parsing it costs nothing next to the rows (a list of OR'ed pairs
+// costs more to parse than to run), and the primary key finds each row.
+func (Dialect) FenceLeases(p *core.Plan, ids, tokens []any) (string, []any) {
+	pairs := make([][2]any, len(ids))
+	for i, id := range ids {
+		if b, ok := id.([]byte); ok {
+			id = string(b)
+		}
+		pairs[i] = [2]any{id, tokens[i]}
+	}
+	js, _ := json.Marshal(pairs) // ids and tokens are numbers and strings
+	return "(" + p.QID + ", " + p.QLockedUntil + ") IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?))", []any{string(js)}
 }
 
 // keys are the advisory keys held in this process, per database file.

@@ -1,10 +1,10 @@
 // Package bench measures sqlxbroker on a real database: it fills a table
 // and drains it with K handlers that do nothing (drain mode), or publishes
 // at a fixed rate and measures publish-to-handler latency (steady mode). In
-// the same run it measures the database's raw commit rate over K
-// connections (a single-row UPDATE per autocommit statement), so a result
-// can be read as a ratio that carries across machines: deliveries per
-// second over commits per second.
+// the same run it measures the database's raw commit rate over as many
+// connections as the run used (a single-row UPDATE per autocommit
+// statement), so a result can be read as a ratio that carries across
+// machines: deliveries per second over commits per second.
 //
 // The sqlxbroker command's bench subcommand and the go test benchmarks of
 // this package both drive Run.
@@ -87,6 +87,7 @@ type Result struct {
 	P99Ms         float64 `json:"p99_ms"`
 	PeakConns     int     `json:"peak_conns"`
 	PeakRSSMB     float64 `json:"peak_rss_mb"`
+	CommitConns   int     `json:"commit_conns,omitempty"` // connections of the commit loop
 	CommitsPerSec float64 `json:"commits_per_sec,omitempty"`
 	Ratio         float64 `json:"ratio,omitempty"` // PerSecond / CommitsPerSec
 	Errors        int64   `json:"errors"`          // claim and completion errors, lost leases
@@ -184,12 +185,6 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 	r := &Result{Dialect: c.Dialect.Name(), Server: serverVersion(ctx, db), Form: c.Form.String(), Mode: c.Mode,
 		Concurrency: c.Concurrency, BatchSize: c.BatchSize}
 
-	if c.CommitDuration > 0 {
-		c.Logf("raw commit loop over %d connections for %v", c.Concurrency, c.CommitDuration)
-		if r.CommitsPerSec, err = CommitRate(ctx, c, db); err != nil {
-			return nil, err
-		}
-	}
 	switch c.Mode {
 	case Drain:
 		err = drain(ctx, c, b, t, r)
@@ -198,6 +193,15 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 	}
 	if err != nil {
 		return nil, err
+	}
+	if c.CommitDuration > 0 {
+		// As many connections as the run used: K for the row-lock and
+		// advisory forms, the lease form's few whatever K.
+		r.CommitConns = max(1, r.PeakConns)
+		c.Logf("raw commit loop over %d connections for %v", r.CommitConns, c.CommitDuration)
+		if r.CommitsPerSec, err = CommitRate(ctx, c, db, r.CommitConns); err != nil {
+			return nil, err
+		}
 	}
 	if r.CommitsPerSec > 0 {
 		r.Ratio = r.PerSecond / r.CommitsPerSec
@@ -483,11 +487,11 @@ func steady(ctx context.Context, c Config, b *sqlxbroker.Broker, t core.Table, r
 	return nil
 }
 
-// CommitRate measures the database's raw commit rate: c.Concurrency
-// connections each run "UPDATE .. SET n = n + 1 WHERE id = <its own row>"
-// as autocommit statements for c.CommitDuration; the result is commits per
-// second over all of them.
-func CommitRate(ctx context.Context, c Config, db *sqlx.DB) (float64, error) {
+// CommitRate measures the database's raw commit rate: conns connections
+// each run "UPDATE .. SET n = n + 1 WHERE id = <its own row>" as autocommit
+// statements for c.CommitDuration; the result is commits per second over
+// all of them.
+func CommitRate(ctx context.Context, c Config, db *sqlx.DB, conns int) (float64, error) {
 	d := c.Dialect
 	name := d.QuoteIdent(c.Table + "_commit")
 	_, _ = db.ExecContext(ctx, "DROP TABLE IF EXISTS "+name)
@@ -496,7 +500,7 @@ func CommitRate(ctx context.Context, c Config, db *sqlx.DB) (float64, error) {
 	}
 	defer db.Exec("DROP TABLE IF EXISTS " + name)
 	ins := sqlx.Rebind(d.BindType(), "INSERT INTO "+name+" (id, n) VALUES (?, 0)")
-	for i := 0; i < c.Concurrency; i++ {
+	for i := 0; i < conns; i++ {
 		if _, err := db.ExecContext(ctx, ins, i); err != nil {
 			return 0, fmt.Errorf("bench: commit table: %w", err)
 		}
@@ -504,9 +508,9 @@ func CommitRate(ctx context.Context, c Config, db *sqlx.DB) (float64, error) {
 	upd := sqlx.Rebind(d.BindType(), "UPDATE "+name+" SET n = n + 1 WHERE id = ?")
 	var total atomic.Int64
 	var wg, ready sync.WaitGroup
-	errc := make(chan error, c.Concurrency)
+	errc := make(chan error, conns)
 	start := make(chan struct{})
-	for i := 0; i < c.Concurrency; i++ {
+	for i := 0; i < conns; i++ {
 		wg.Add(1)
 		ready.Add(1)
 		go func() {
