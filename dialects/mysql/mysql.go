@@ -13,7 +13,9 @@
 //     UPDATE of the found ids (deadline, attempt + 1), a re-read of them;
 //   - advisory lock: GET_LOCK(name, 0) and RELEASE_LOCK(name) on the
 //     delivery's connection, name = DATABASE() ':' key (as bytes), replaced
-//     by its hex SHA-256 when over 64 bytes (GET_LOCK's limit). A server
+//     by its hex SHA-256 when over 64 bytes (GET_LOCK's limit) or when the
+//     key has a byte outside printable ASCII (GET_LOCK would turn it into
+//     '?' or end the name at a NUL, and distinct keys would share a lock). A server
 //     may fold the case of lock names (MariaDB's manual says it does, 10.11
 //     compares bytes), so short keys that differ only in case may exclude
 //     each other, never the reverse;
@@ -258,7 +260,12 @@ func (Dialect) ClaimLeases(ctx context.Context, tx *sqlx.Tx, p *core.LeaseClaimP
 // lockName turns the hex of a key into its lock name: DATABASE() ':' key as
 // bytes, or its hex SHA-256 when over 64 bytes. Bytes, not text, so the
 // name does not depend on the connection's character set.
-const lockName = "(SELECT IF(LENGTH(n) > 64, SHA2(n, 256), n) FROM (SELECT CONCAT(COALESCE(DATABASE(), ''), ':', UNHEX(?)) AS n) AS k)"
+//
+// A key with a byte outside printable ASCII is always hashed: GET_LOCK
+// converts a name to the server's character set (a byte invalid there, or
+// a 4-byte UTF-8 character, becomes '?') and ends it at a NUL byte, so
+// such keys would otherwise share locks. The first '?' is that choice.
+const lockName = "(SELECT IF(LENGTH(n) > 64 OR ?, SHA2(n, 256), n) FROM (SELECT CONCAT(CAST(COALESCE(DATABASE(), '') AS BINARY), ':', UNHEX(?)) AS n) AS k)"
 
 const (
 	tryLock = "SELECT GET_LOCK(" + lockName + ", 0)"  // 1 taken, 0 held elsewhere, NULL error
@@ -268,7 +275,7 @@ const (
 // TryAdvisoryLock takes key's GET_LOCK for conn's session without waiting.
 func (Dialect) TryAdvisoryLock(ctx context.Context, conn *sqlx.Conn, key string) (bool, error) {
 	var got sql.NullInt64
-	if err := conn.QueryRowxContext(ctx, tryLock, hexOf(key)).Scan(&got); err != nil {
+	if err := conn.QueryRowxContext(ctx, tryLock, !printable(key), hexOf(key)).Scan(&got); err != nil {
 		return false, err
 	}
 	if !got.Valid {
@@ -280,10 +287,20 @@ func (Dialect) TryAdvisoryLock(ctx context.Context, conn *sqlx.Conn, key string)
 // AdvisoryUnlock releases key's GET_LOCK; a key not held is no error.
 func (Dialect) AdvisoryUnlock(ctx context.Context, conn *sqlx.Conn, key string) error {
 	var released sql.NullInt64
-	return conn.QueryRowxContext(ctx, unlock, hexOf(key)).Scan(&released)
+	return conn.QueryRowxContext(ctx, unlock, !printable(key), hexOf(key)).Scan(&released)
 }
 
 func hexOf(s string) string { return fmt.Sprintf("%x", s) }
+
+// printable reports whether s is printable ASCII, which GET_LOCK keeps as is.
+func printable(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
 
 // ---- FIFO guard ----
 
