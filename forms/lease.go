@@ -35,6 +35,9 @@ func newLease(b base) *lease {
 
 func (f *lease) Form() core.Form { return core.Lease }
 
+// BatchesClaims: one statement claims the whole batch (core.Batching).
+func (f *lease) BatchesClaims() bool { return true }
+
 func (f *lease) Start(ctx context.Context) error {
 	if err := f.start(ctx, core.Lease); err != nil {
 		return err
@@ -181,8 +184,11 @@ func (c *leaseClaim) finish() time.Time {
 // Complete queues the completion for the form's completer, which writes
 // what has queued together: successes in one statement, other outcomes one
 // statement each, on at most flushers connections. Once the form is closed
-// the completion runs alone.
+// the completion runs alone. However it returns, the lease is renewed no
+// more: a completion that gave up (ctx ended before the completer took it)
+// leaves the row to come back when its lease runs out.
 func (c *leaseClaim) Complete(ctx context.Context, o core.Outcome) error {
+	defer c.finish()
 	f := c.f
 	req := &leaseDone{claim: c, o: o, reply: make(chan error, 1)}
 	select {

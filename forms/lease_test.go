@@ -91,3 +91,60 @@ func TestRenewalAfterALostLease(t *testing.T) {
 		t.Errorf("complete the taken row: %v, want ErrLeaseLost", err)
 	}
 }
+
+// TestCompleteThatGivesUpStopsRenewal: a completion whose context ends
+// before the completer takes it returns an error and leaves the row to come
+// back when its lease runs out. It must stop renewing the lease; a claim
+// renewed after its completion returned would hold its row for as long as
+// the form runs. (It used to: the claim stayed in work.)
+func TestCompleteThatGivesUpStopsRenewal(t *testing.T) {
+	const lease, rows = time.Second, 16
+	ctx := context.Background()
+	db, err := sqlite.Open(filepath.Join(t.TempDir(), "giveup.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	b, err := sqlxbroker.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := sqlxbroker.Table{Name: "jobs", LockedUntil: "locked_until", Lease: lease}
+	if err := b.CreateTable(ctx, tb, [2]string{"account", "text"}); err != nil {
+		t.Fatal(err)
+	}
+	msgs := make([]any, rows)
+	for i := range msgs {
+		msgs[i] = map[string]any{"account": "a"}
+	}
+	if err := b.Publish(ctx, db, tb, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	p, err := b.Plan(tb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := conformance.StartForm(t, b, tb)
+	cs, err := f.Claim(ctx, rows)
+	if err != nil || len(cs) != rows {
+		t.Fatalf("claim: %d claims, %v", len(cs), err)
+	}
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	gaveUp := 0
+	for _, c := range cs {
+		// The completer may take some (their rows are deleted); the rest
+		// give up at once.
+		if err := c.Complete(gone, core.Outcome{Kind: core.Succeeded}); err != nil {
+			gaveUp++
+		}
+	}
+	t.Logf("%d of %d completions gave up", gaveUp, rows)
+	conformance.WaitFor(t, 4*lease, "every lease of a finished claim to run out", func() bool {
+		var held int
+		if err := db.Get(&held, p.Rebind("SELECT COUNT(*) FROM jobs WHERE locked_until > ?"), p.Time(time.Now())); err != nil {
+			t.Fatal(err)
+		}
+		return held == 0
+	})
+}
