@@ -107,6 +107,8 @@ type Subscription struct {
 	hardCancel context.CancelFunc
 
 	completeBy sharedDeadline // completion contexts: CompleteTimeout
+	batching   bool           // the form claims batches (Batching)
+	dry        atomic.Bool    // the last claim found fewer rows than asked
 
 	wake     chan struct{}
 	freed    chan struct{}
@@ -138,6 +140,9 @@ func Subscribe(ctx context.Context, form ClaimForm, h Handler, p SubscribeParams
 	s := &Subscription{form: form, h: h, p: p, log: p.Logger,
 		wake: make(chan struct{}, 1), freed: make(chan struct{}, 1), work: make(chan Claim),
 		loopDone: make(chan struct{}), done: make(chan struct{}), completeBy: sharedDeadline{d: p.CompleteTimeout}}
+	if b, ok := form.(Batching); ok {
+		s.batching = b.BatchesClaims()
+	}
 	s.claimCtx, s.stopClaims = context.WithCancel(context.Background())
 	s.hardCtx, s.hardCancel = context.WithCancel(context.Background())
 	go s.loop()
@@ -205,11 +210,18 @@ func (s *Subscription) Stop(ctx context.Context) error {
 func (s *Subscription) loop() {
 	defer close(s.loopDone)
 	idle := s.p.MinPollInterval
+	// A form that claims a batch in one statement claims once half a batch
+	// of handlers is free while work is in flight, so claims are not made
+	// one row at a time. A form that claims row by row claims as soon as a
+	// handler is free, and its workers claim their next row themselves
+	// while rows keep coming (see worker).
+	least := 1
+	if s.batching {
+		least = (s.p.BatchSize + 1) / 2
+	}
 	for s.claimCtx.Err() == nil {
 		free := s.p.Concurrency - int(s.inflight.Load())
-		// Claim in batches: wait for half a batch of free slots while work
-		// is in flight, so claims are not made one row at a time.
-		if free < 1 || (free < (s.p.BatchSize+1)/2 && s.inflight.Load() > 0) {
+		if free < 1 || (free < least && s.inflight.Load() > 0) {
 			select {
 			case <-s.freed:
 			case <-s.claimCtx.Done():
@@ -222,8 +234,7 @@ func (s *Subscription) loop() {
 			s.start(c)
 		}
 		if err != nil && s.claimCtx.Err() == nil {
-			s.claimErrs.Add(1)
-			s.log.Error("sqlxbroker: claim failed", "table", s.form.Plan().Table.Name, "form", s.form.Form().String(), "err", err)
+			s.claimFailed(err)
 			s.sleep(idle, nil)
 			idle = min(idle*2, s.p.PollInterval)
 			continue
@@ -231,6 +242,7 @@ func (s *Subscription) loop() {
 		switch {
 		case len(claims) == n:
 			idle = s.p.MinPollInterval
+			s.dry.Store(false)
 		case len(claims) > 0:
 			// Fewer rows than asked: more may become ready when work in
 			// flight completes (a FIFO group's next head, a freed key).
@@ -243,6 +255,31 @@ func (s *Subscription) loop() {
 			idle = min(idle*2, s.p.PollInterval)
 		}
 	}
+}
+
+func (s *Subscription) claimFailed(err error) {
+	s.claimErrs.Add(1)
+	s.log.Error("sqlxbroker: claim failed", "table", s.form.Plan().Table.Name, "form", s.form.Form().String(), "err", err)
+}
+
+// next claims the next row for a worker whose delivery just completed, in
+// a form that claims row by row, while the last claims found rows: the
+// worker goes on at once instead of waiting for the claim loop. nil when
+// nothing was claimed; the loop then takes over (and polls).
+func (s *Subscription) next() Claim {
+	if s.batching || s.dry.Load() || s.claimCtx.Err() != nil {
+		return nil
+	}
+	cs, err := s.form.Claim(s.claimCtx, 1)
+	if err != nil && s.claimCtx.Err() == nil {
+		s.claimFailed(err)
+	}
+	if len(cs) == 0 {
+		s.dry.Store(true)
+		return nil
+	}
+	s.claimed.Add(1)
+	return cs[0]
 }
 
 // sleep waits d or until a wake-up, a receive on also, or stop.
@@ -303,6 +340,10 @@ func (s *Subscription) worker(c Claim) {
 		}
 		s.run(ctx, c)
 		ctx.cancel(context.Canceled)
+		if n := s.next(); n != nil {
+			c = n
+			continue
+		}
 		s.inflight.Add(-1)
 		select {
 		case s.freed <- struct{}{}:

@@ -66,6 +66,15 @@ type LostNotifier interface {
 	OnLost(f func())
 }
 
+// Batching is an optional interface of a ClaimForm. A form whose claim is
+// one statement however many rows it takes (the lease form) reports true:
+// while work is in flight the engine then waits for half a batch of free
+// handlers before it claims. Without it (or with false) the engine claims
+// as soon as a handler is free, as suits a form that claims row by row.
+type Batching interface {
+	BatchesClaims() bool
+}
+
 // ClaimForm is a claim form bound to one table and one database.
 type ClaimForm interface {
 	// Form says which form this is.

@@ -2,8 +2,8 @@
 // and drains it with K handlers that do nothing (drain mode), or publishes
 // at a fixed rate and measures publish-to-handler latency (steady mode). In
 // the same run it measures the database's raw commit rate over as many
-// connections as the run used (a single-row UPDATE per autocommit
-// statement), so a result can be read as a ratio that carries across
+// connections as the run used (BEGIN, a single-row UPDATE, COMMIT), so a
+// result can be read as a ratio that carries across
 // machines: deliveries per second over commits per second.
 //
 // The sqlxbroker command's bench subcommand and the go test benchmarks of
@@ -488,9 +488,11 @@ func steady(ctx context.Context, c Config, b *sqlxbroker.Broker, t core.Table, r
 }
 
 // CommitRate measures the database's raw commit rate: conns connections
-// each run "UPDATE .. SET n = n + 1 WHERE id = <its own row>" as autocommit
-// statements for c.CommitDuration; the result is commits per second over
-// all of them.
+// each run transactions of one statement, "UPDATE .. SET n = n + 1 WHERE
+// id = <its own row>", then COMMIT, for c.CommitDuration; the result is
+// commits per second over all of them. A delivery is such a transaction
+// with one more statement (row lock) or two short ones (advisory, lease
+// batches aside), so the ratio of the two rates is what the broker adds.
 func CommitRate(ctx context.Context, c Config, db *sqlx.DB, conns int) (float64, error) {
 	d := c.Dialect
 	name := d.QuoteIdent(c.Table + "_commit")
@@ -525,7 +527,15 @@ func CommitRate(ctx context.Context, c Config, db *sqlx.DB, conns int) (float64,
 			<-start
 			end := time.Now().Add(c.CommitDuration)
 			for time.Now().Before(end) {
-				if _, err := conn.ExecContext(ctx, upd, i); err != nil {
+				tx, err := conn.BeginTxx(ctx, nil)
+				if err == nil {
+					if _, err = tx.ExecContext(ctx, upd, i); err == nil {
+						err = tx.Commit()
+					} else {
+						_ = tx.Rollback()
+					}
+				}
+				if err != nil {
 					errc <- err
 					return
 				}
