@@ -2,7 +2,9 @@ package main
 
 // The soak test with faults: several worker processes (this binary again,
 // in worker mode: soak_worker.go) publish to and consume from one table per
-// claim form on one database, while the harness below kills workers with
+// claim form on one database (done rows kept, so completions stay visible;
+// and a lease table that deletes them, whose completions take the batched,
+// fenced delete path), while the harness below kills workers with
 // SIGKILL, terminates their database sessions from the server side and
 // restarts the server once. Then it stops the faults, checks that every
 // live worker still completes work in every form (the calm phase), lets the
@@ -179,8 +181,8 @@ type workerConfig struct {
 	Index       int
 	Driver, DSN string
 	Prefix      string
-	Subscribe   []string // forms whose table this worker consumes
-	Publish     []string // forms whose table this worker publishes to
+	Subscribe   []string // variants whose table this worker consumes
+	Publish     []string // variants whose table this worker publishes to
 	Concurrency int
 	Rate        float64
 	Lease       time.Duration
@@ -190,13 +192,53 @@ type workerConfig struct {
 	PoisonPct   float64
 }
 
-// soakTable is the description of form f's table: done rows are kept
-// (DoneAt), failed rows retry (ReadyAt), rows failing MaxAttempts times are
-// kept dead.
-func soakTable(prefix string, f core.Form, lease time.Duration, maxAttempts int) core.Table {
-	t := core.Table{Name: prefix + "_" + strings.ReplaceAll(f.String(), "-", ""),
-		ReadyAt: "ready_at", DeadAt: "dead_at", DoneAt: "done_at", MaxAttempts: maxAttempts}
-	switch f {
+// soakVariant is one table of the soak: a claim form, and whether done rows
+// are kept (DoneAt, so completions stay visible) or deleted (the default in
+// the library, whose lease completions take another path: batched,
+// fenced deletes).
+type soakVariant struct {
+	Name   string // names the table and its messages in the ledgers
+	Form   core.Form
+	Delete bool
+}
+
+func (v soakVariant) String() string { return v.Name }
+
+// soakVariants are the tables for forms: one per form keeping done rows,
+// and for the lease form one that deletes them.
+func soakVariants(forms []core.Form) []soakVariant {
+	var out []soakVariant
+	for _, f := range forms {
+		out = append(out, soakVariant{Name: f.String(), Form: f})
+	}
+	for _, f := range forms {
+		if f == core.Lease {
+			out = append(out, soakVariant{Name: "lease-delete", Form: f, Delete: true})
+		}
+	}
+	return out
+}
+
+// variantNamed finds a variant by name among every form's.
+func variantNamed(name string) (soakVariant, bool) {
+	for _, v := range soakVariants(core.Forms) {
+		if v.Name == name {
+			return v, true
+		}
+	}
+	return soakVariant{}, false
+}
+
+// soakTable is the description of v's table: failed rows retry (ReadyAt),
+// rows failing MaxAttempts times are kept dead, done rows are kept (DoneAt)
+// unless v deletes them.
+func soakTable(prefix string, v soakVariant, lease time.Duration, maxAttempts int) core.Table {
+	t := core.Table{Name: prefix + "_" + strings.NewReplacer("-", "").Replace(v.Name),
+		ReadyAt: "ready_at", DeadAt: "dead_at", MaxAttempts: maxAttempts}
+	if !v.Delete {
+		t.DoneAt = "done_at"
+	}
+	switch v.Form {
 	case core.Lease:
 		t.LockedUntil, t.Lease = "locked_until", lease
 	case core.Advisory:
@@ -439,7 +481,7 @@ func runSoak(ctx context.Context, c soakConfig) (*soakReport, error) {
 		setup.Close()
 		return nil, err
 	}
-	forms := core.FormsOf(b.Dialect())
+	forms := soakVariants(core.FormsOf(b.Dialect()))
 	caps := core.CapabilitiesOf(b.Dialect())
 	if err := createSoakTables(ctx, b, c, forms); err != nil {
 		setup.Close()
@@ -460,7 +502,7 @@ func runSoak(ctx context.Context, c soakConfig) (*soakReport, error) {
 			// One process per database file may hold in-process keys.
 			advisoryWorker := min(1, c.Workers-1)
 			if i != advisoryWorker {
-				sub = slices.DeleteFunc(sub, func(s string) bool { return s == core.Advisory.String() })
+				sub = slices.DeleteFunc(sub, func(s string) bool { v, _ := variantNamed(s); return v.Form == core.Advisory })
 			}
 		}
 		lf, err := os.OpenFile(filepath.Join(c.LogDir, fmt.Sprintf("worker-%d.log", i)), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -751,7 +793,7 @@ func serverVersionQuery(driver string) string {
 	return "SELECT 'unknown'"
 }
 
-func soakTables(c soakConfig, forms []core.Form) []string {
+func soakTables(c soakConfig, forms []soakVariant) []string {
 	var out []string
 	for _, f := range forms {
 		out = append(out, soakTable(c.Prefix, f, c.Lease, c.MaxAttempts).Name)
@@ -760,14 +802,14 @@ func soakTables(c soakConfig, forms []core.Form) []string {
 	return append(out, pub, runs, eff, outc)
 }
 
-func dropSoakTables(ctx context.Context, db *sqlx.DB, c soakConfig, forms []core.Form) {
+func dropSoakTables(ctx context.Context, db *sqlx.DB, c soakConfig, forms []soakVariant) {
 	for _, t := range soakTables(c, forms) {
 		_, _ = db.ExecContext(ctx, "DROP TABLE IF EXISTS "+t)
 	}
 }
 
 // createSoakTables drops and creates the message tables and ledgers.
-func createSoakTables(ctx context.Context, b *sqlxbroker.Broker, c soakConfig, forms []core.Form) error {
+func createSoakTables(ctx context.Context, b *sqlxbroker.Broker, c soakConfig, forms []soakVariant) error {
 	dropSoakTables(ctx, b.DB(), c, forms)
 	for _, f := range forms {
 		if err := b.CreateTable(ctx, soakTable(c.Prefix, f, c.Lease, c.MaxAttempts), soakPayload...); err != nil {
@@ -783,14 +825,14 @@ func createSoakTables(ctx context.Context, b *sqlxbroker.Broker, c soakConfig, f
 }
 
 // pendingRows counts rows neither done nor dead in every form's table.
-func pendingRows(ctx context.Context, db *sqlx.DB, c soakConfig, forms []core.Form) (int, error) {
+func pendingRows(ctx context.Context, db *sqlx.DB, c soakConfig, forms []soakVariant) (int, error) {
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	total := 0
 	for _, f := range forms {
 		var n int
-		if err := db.QueryRowContext(qctx, "SELECT COUNT(*) FROM "+soakTable(c.Prefix, f, c.Lease, c.MaxAttempts).Name+
-			" WHERE done_at IS NULL AND dead_at IS NULL").Scan(&n); err != nil {
+		t := soakTable(c.Prefix, f, c.Lease, c.MaxAttempts)
+		if err := db.QueryRowContext(qctx, "SELECT COUNT(*) FROM "+t.Name+" WHERE "+unfinished(t)).Scan(&n); err != nil {
 			return -1, err
 		}
 		total += n
@@ -799,19 +841,28 @@ func pendingRows(ctx context.Context, db *sqlx.DB, c soakConfig, forms []core.Fo
 }
 
 // progress summarises the tables for the progress line.
-func progress(ctx context.Context, db *sqlx.DB, c soakConfig, forms []core.Form) string {
+func progress(ctx context.Context, db *sqlx.DB, c soakConfig, forms []soakVariant) string {
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var parts []string
 	for _, f := range forms {
-		var all, done, dead int
-		err := db.QueryRowContext(qctx, "SELECT COUNT(*), COUNT(done_at), COUNT(dead_at) FROM "+soakTable(c.Prefix, f, c.Lease, c.MaxAttempts).Name).Scan(&all, &done, &dead)
+		var all, unf, dead int
+		t := soakTable(c.Prefix, f, c.Lease, c.MaxAttempts)
+		err := db.QueryRowContext(qctx, "SELECT COUNT(*), COUNT(dead_at), COALESCE(SUM(CASE WHEN "+unfinished(t)+" THEN 1 ELSE 0 END), 0) FROM "+t.Name).Scan(&all, &dead, &unf)
 		if err != nil {
 			return "database unavailable: " + strings.SplitN(err.Error(), "\n", 2)[0]
 		}
-		parts = append(parts, fmt.Sprintf("%s %d rows %d done %d dead", f, all, done, dead))
+		parts = append(parts, fmt.Sprintf("%s %d rows %d unfinished %d dead", f, all, unf, dead))
 	}
 	return strings.Join(parts, " | ")
+}
+
+// unfinished is the condition that a row of t is neither done nor dead.
+func unfinished(t core.Table) string {
+	if t.DoneAt == "" {
+		return "dead_at IS NULL"
+	}
+	return "done_at IS NULL AND dead_at IS NULL"
 }
 
 // soakDatabase returns a DSN for a fresh database named name on dsn's MySQL

@@ -6,7 +6,9 @@ package main
 //   - lost: a committed publish (published ledger) with no row; or a done
 //     row with no successful processing recorded (lease, advisory: no run
 //     that returned success in the runs ledger; row lock: no handler write
-//     committed through the delivery transaction);
+//     committed through the delivery transaction). In a table that deletes
+//     done rows (lease-delete), a message without a row is completed when
+//     a successful run was recorded, and lost when none was;
 //   - pending: a row neither done nor dead after the drain (stuck);
 //   - completed twice: a message with more than one finishing outcome
 //     (succeeded or dead) that the library reported recorded (OnOutcome
@@ -106,10 +108,14 @@ func newAuditData() *auditData {
 }
 
 // loadAudit reads form f's table and ledger rows.
-func loadAudit(ctx context.Context, db *sqlx.DB, d core.Dialect, c soakConfig, f core.Form) (*auditData, error) {
+func loadAudit(ctx context.Context, db *sqlx.DB, d core.Dialect, c soakConfig, f soakVariant) (*auditData, error) {
 	a := newAuditData()
 	pub, runs, eff, outc := ledgers(c.Prefix)
-	table := soakTable(c.Prefix, f, c.Lease, c.MaxAttempts).Name
+	t := soakTable(c.Prefix, f, c.Lease, c.MaxAttempts)
+	done := "0"
+	if t.DoneAt != "" {
+		done = "CASE WHEN done_at IS NULL THEN 0 ELSE 1 END"
+	}
 	q := func(s string, scan func(*sqlx.Rows) error, args ...any) error {
 		rows, err := db.QueryxContext(ctx, sqlx.Rebind(d.BindType(), s), args...)
 		if err != nil {
@@ -124,9 +130,9 @@ func loadAudit(ctx context.Context, db *sqlx.DB, d core.Dialect, c soakConfig, f
 		return rows.Err()
 	}
 	var (
-		msg, kind  string
-		x, y, n    int
-		done, dead int
+		msg, kind    string
+		x, y, n      int
+		isDone, dead int
 	)
 	if err := q("SELECT msg FROM "+pub+" WHERE form = ?", func(r *sqlx.Rows) error {
 		if err := r.Scan(&msg); err != nil {
@@ -137,11 +143,11 @@ func loadAudit(ctx context.Context, db *sqlx.DB, d core.Dialect, c soakConfig, f
 	}, f.String()); err != nil {
 		return nil, err
 	}
-	if err := q("SELECT msg, CASE WHEN done_at IS NULL THEN 0 ELSE 1 END, CASE WHEN dead_at IS NULL THEN 0 ELSE 1 END FROM "+table, func(r *sqlx.Rows) error {
-		if err := r.Scan(&msg, &done, &dead); err != nil {
+	if err := q("SELECT msg, "+done+", CASE WHEN dead_at IS NULL THEN 0 ELSE 1 END FROM "+t.Name, func(r *sqlx.Rows) error {
+		if err := r.Scan(&msg, &isDone, &dead); err != nil {
 			return err
 		}
-		a.rows[msg] = append(a.rows[msg], rowState{done: done == 1, dead: dead == 1})
+		a.rows[msg] = append(a.rows[msg], rowState{done: isDone == 1, dead: dead == 1})
 		return nil
 	}); err != nil {
 		return nil, err
@@ -185,7 +191,7 @@ func loadAudit(ctx context.Context, db *sqlx.DB, d core.Dialect, c soakConfig, f
 
 // auditForm checks every message of one form; it returns the counts and
 // one violation line per kind of violation found, with examples.
-func auditForm(f core.Form, a *auditData) (formReport, []string) {
+func auditForm(f soakVariant, a *auditData) (formReport, []string) {
 	r := formReport{Form: f.String(), Published: len(a.published)}
 	found := map[string][]string{}
 	bad := func(what, msg string) { found[what] = append(found[what], msg) }
@@ -203,10 +209,29 @@ func auditForm(f core.Form, a *auditData) (formReport, []string) {
 		r.Runs += ok + a.failRuns[m]
 		r.FailedRuns += a.failRuns[m]
 		finishing := a.outcomes[m]["succeeded"] + a.outcomes[m]["dead"]
+		processed := ok > 0
+		if f.Form == core.RowLock {
+			processed = effects > 0
+		}
 		if len(rs) == 0 {
-			if a.published[m] {
+			switch {
+			case !f.Delete || !processed:
 				r.Lost++
-				bad("lost: published, no row", m)
+				bad("lost: published, no row (nor, where done rows are deleted, a successful run)", m)
+			default: // completed and deleted
+				r.Completed++
+				if finishing > 1 || effects > 1 {
+					r.CompletedTwice++
+					bad("completed twice", m)
+				}
+				if a.outcomes[m]["dead"] > 0 {
+					r.Other++
+					bad("dead outcome recorded for a deleted row", m)
+				}
+				if finishing == 0 {
+					r.Unrecorded++
+				}
+				r.ExtraRuns += max(0, ok-1)
 			}
 			continue
 		}
@@ -229,10 +254,6 @@ func auditForm(f core.Form, a *auditData) (formReport, []string) {
 			bad("row both done and dead", m)
 		case row.done:
 			r.Completed++
-			processed := ok > 0
-			if f == core.RowLock {
-				processed = effects > 0
-			}
 			if !processed {
 				r.Lost++
 				bad("lost: done without a successful run recorded", m)
@@ -283,7 +304,7 @@ func auditForm(f core.Form, a *auditData) (formReport, []string) {
 }
 
 // auditSoak audits every form into rep.
-func auditSoak(ctx context.Context, db *sqlx.DB, d core.Dialect, c soakConfig, forms []core.Form, rep *soakReport) error {
+func auditSoak(ctx context.Context, db *sqlx.DB, d core.Dialect, c soakConfig, forms []soakVariant, rep *soakReport) error {
 	rep.Total = formReport{Form: "total"}
 	for _, f := range forms {
 		a, err := loadAudit(ctx, db, d, c, f)
@@ -309,10 +330,10 @@ func (r *soakReport) print(w io.Writer) {
 		fmt.Fprintf(w, " (took %s)", f.RestartTook)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "\n%-9s %9s %9s %6s %7s %6s %5s %6s %7s %7s %6s %10s\n", "form", "published", "completed", "dead",
+	fmt.Fprintf(w, "\n%-12s %9s %9s %6s %7s %6s %5s %6s %7s %7s %6s %10s\n", "form", "published", "completed", "dead",
 		"pending", "twice", "lost", "other", "runs", "failed", "extra", "unrecorded")
 	for _, fr := range append(append([]formReport{}, r.Forms...), r.Total) {
-		fmt.Fprintf(w, "%-9s %9d %9d %6d %7d %6d %5d %6d %7d %7d %6d %10d\n", fr.Form, fr.Published, fr.Completed, fr.Dead,
+		fmt.Fprintf(w, "%-12s %9d %9d %6d %7d %6d %5d %6d %7d %7d %6d %10d\n", fr.Form, fr.Published, fr.Completed, fr.Dead,
 			fr.Pending, fr.CompletedTwice, fr.Lost, fr.Other, fr.Runs, fr.FailedRuns, fr.ExtraRuns, fr.Unrecorded)
 	}
 	fmt.Fprintln(w, `

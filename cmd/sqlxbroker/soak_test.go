@@ -142,12 +142,12 @@ func runTestSoak(t *testing.T, c soakConfig) *soakReport {
 	return rep
 }
 
-func formsOfDriver(t *testing.T, driver string) []core.Form {
+func formsOfDriver(t *testing.T, driver string) []soakVariant {
 	d, err := sqlxbroker.Lookup(driver)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return core.FormsOf(d)
+	return soakVariants(core.FormsOf(d))
 }
 
 type testWriter struct{ t *testing.T }
@@ -171,10 +171,11 @@ func TestSoakAudit(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := soakConfig{Driver: "sqlite", Prefix: "audit", Lease: time.Second, MaxAttempts: 3}
-	if err := createSoakTables(ctx, b, c, []core.Form{core.Lease}); err != nil {
+	lease := soakVariant{Name: "lease", Form: core.Lease}
+	if err := createSoakTables(ctx, b, c, []soakVariant{lease}); err != nil {
 		t.Fatal(err)
 	}
-	tb := soakTable(c.Prefix, core.Lease, c.Lease, c.MaxAttempts)
+	tb := soakTable(c.Prefix, lease, c.Lease, c.MaxAttempts)
 	p, err := b.Plan(tb)
 	if err != nil {
 		t.Fatal(err)
@@ -235,7 +236,7 @@ func TestSoakAudit(t *testing.T) {
 		}
 	}
 	rep := &soakReport{}
-	if err := auditSoak(ctx, db, b.Dialect(), c, []core.Form{core.Lease}, rep); err != nil {
+	if err := auditSoak(ctx, db, b.Dialect(), c, []soakVariant{lease}, rep); err != nil {
 		t.Fatal(err)
 	}
 	got := rep.Forms[0]
@@ -244,7 +245,7 @@ func TestSoakAudit(t *testing.T) {
 	if got != want {
 		t.Errorf("audit\n got %+v\nwant %+v", got, want)
 	}
-	for _, v := range []string{"completed twice, e.g. twice", "lost: published, no row, e.g. lost-no-row",
+	for _, v := range []string{"completed twice, e.g. twice", "lost: published, no row (nor, where done rows are deleted, a successful run), e.g. lost-no-row",
 		"lost: done without a successful run recorded, e.g. lost-no-run", "pending after the drain, e.g. pending",
 		"row without a committed publish, e.g. phantom", "success recorded for a dead row, e.g. dead-success"} {
 		if !strings.Contains(strings.Join(rep.Violations, "\n"), v) {
@@ -277,7 +278,7 @@ func TestSoakAuditRowLock(t *testing.T) {
 	plant("no-effect", done, 1, 0, "succeeded")
 	plant("dead-effect", dead, 0, 1, "dead")
 	plant("pending-effect", pending, 1, 1, "")
-	r, v := auditForm(core.RowLock, a)
+	r, v := auditForm(soakVariant{Name: "row-lock", Form: core.RowLock}, a)
 	want := formReport{Form: "row-lock", Published: 6, Rows: 6, Completed: 4, Dead: 1, Pending: 1, CompletedTwice: 1,
 		Lost: 1, Other: 2, Runs: 7, ExtraRuns: 2}
 	if r != want {
@@ -285,5 +286,34 @@ func TestSoakAuditRowLock(t *testing.T) {
 	}
 	if len(v) != 5 {
 		t.Errorf("%d violation kinds, want 5 (twice, lost, dead effect, pending, pending effect):\n%s", len(v), strings.Join(v, "\n"))
+	}
+}
+
+// TestSoakAuditDeleted checks a table that deletes done rows: a message
+// without a row is completed when a successful run was recorded, and lost
+// when none was.
+func TestSoakAuditDeleted(t *testing.T) {
+	a := newAuditData()
+	plant := func(m string, rows []rowState, okRuns int, outcomes map[string]int) {
+		a.published[m] = true
+		a.rows[m] = rows
+		a.okRuns[m] = okRuns
+		a.outcomes[m] = outcomes
+	}
+	plant("deleted", nil, 1, map[string]int{"succeeded": 1})
+	plant("deleted-unrecorded", nil, 1, nil)
+	plant("deleted-rerun", nil, 2, map[string]int{"succeeded": 1})
+	plant("deleted-twice", nil, 2, map[string]int{"succeeded": 2})
+	plant("deleted-without-run", nil, 0, map[string]int{"succeeded": 1})
+	plant("dead", []rowState{{dead: true}}, 0, map[string]int{"dead": 1})
+	plant("pending", []rowState{{}}, 0, nil)
+	r, v := auditForm(soakVariant{Name: "lease-delete", Form: core.Lease, Delete: true}, a)
+	want := formReport{Form: "lease-delete", Published: 7, Rows: 2, Completed: 4, Dead: 1, Pending: 1, CompletedTwice: 1,
+		Lost: 1, Runs: 6, ExtraRuns: 2, Unrecorded: 1}
+	if r != want {
+		t.Errorf("audit\n got %+v\nwant %+v\n%s", r, want, strings.Join(v, "\n"))
+	}
+	if len(v) != 3 {
+		t.Errorf("%d violation kinds, want 3 (twice, lost, pending):\n%s", len(v), strings.Join(v, "\n"))
 	}
 }

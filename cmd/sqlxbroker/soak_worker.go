@@ -60,13 +60,13 @@ func soakWorker() error {
 	var stopPubOnce sync.Once
 	var pubs, starts sync.WaitGroup
 	for _, name := range cfg.Publish {
-		f := formNamed(name)
+		f, _ := variantNamed(name)
 		w.published[name] = &atomic.Int64{}
 		pubs.Add(1)
 		go func() { defer pubs.Done(); w.publisher(f, incarnation, stopPub) }()
 	}
 	for _, name := range cfg.Subscribe {
-		f := formNamed(name)
+		f, _ := variantNamed(name)
 		starts.Add(1)
 		go func() { defer starts.Done(); w.subscribe(f, stopAll) }()
 	}
@@ -106,15 +106,6 @@ func soakWorker() error {
 	return errors.Join(errs...)
 }
 
-func formNamed(name string) core.Form {
-	for _, f := range core.Forms {
-		if f.String() == name {
-			return f
-		}
-	}
-	return 0
-}
-
 type soakWorkerState struct {
 	cfg workerConfig
 	db  *sqlx.DB
@@ -127,7 +118,7 @@ type soakWorkerState struct {
 	published map[string]*atomic.Int64
 }
 
-func (w *soakWorkerState) table(f core.Form) core.Table {
+func (w *soakWorkerState) table(f soakVariant) core.Table {
 	return soakTable(w.cfg.Prefix, f, w.cfg.Lease, w.cfg.MaxAttempts)
 }
 
@@ -150,7 +141,7 @@ func (w *soakWorkerState) printStats(final bool) {
 // publisher publishes batches of 1 to 4 messages at about cfg.Rate
 // messages per second, each batch in one transaction with its rows in the
 // published ledger: only committed publishes count.
-func (w *soakWorkerState) publisher(f core.Form, incarnation string, stop <-chan struct{}) {
+func (w *soakWorkerState) publisher(f soakVariant, incarnation string, stop <-chan struct{}) {
 	t := w.table(f)
 	pub, _, _, _ := ledgers(w.cfg.Prefix)
 	seq := 0
@@ -166,7 +157,7 @@ func (w *soakWorkerState) publisher(f core.Form, incarnation string, stop <-chan
 		var args []any
 		for i := range msgs {
 			seq++
-			m := soakMsg{Msg: fmt.Sprintf("%c%s-%d", f.String()[0], incarnation, seq), Account: fmt.Sprint("a", rand.IntN(40))}
+			m := soakMsg{Msg: fmt.Sprintf("%s-%s-%d", f, incarnation, seq), Account: fmt.Sprint("a", rand.IntN(40))}
 			if rand.Float64()*100 < w.cfg.PoisonPct {
 				m.Poison = 1
 			}
@@ -201,7 +192,7 @@ func (w *soakWorkerState) publisher(f core.Form, incarnation string, stop <-chan
 
 // subscribe subscribes to f's table, retrying while the database refuses
 // (a server restarting), until it succeeds or stop closes.
-func (w *soakWorkerState) subscribe(f core.Form, stop <-chan struct{}) {
+func (w *soakWorkerState) subscribe(f soakVariant, stop <-chan struct{}) {
 	t := w.table(f)
 	p := sqlxbroker.SubscribeParams{
 		Concurrency:     w.cfg.Concurrency,
@@ -235,7 +226,7 @@ func (w *soakWorkerState) subscribe(f core.Form, stop <-chan struct{}) {
 // about to return nil: the record is written before the handler returns).
 // In the row-lock form a successful run first writes its effect through the
 // delivery's transaction, which commits with the completion or not at all.
-func (w *soakWorkerState) handler(f core.Form) sqlxbroker.Handler {
+func (w *soakWorkerState) handler(f soakVariant) sqlxbroker.Handler {
 	_, runs, effects, _ := ledgers(w.cfg.Prefix)
 	record := func(ctx context.Context, m *soakMsg, attempt, ok int) error {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
@@ -269,7 +260,7 @@ func (w *soakWorkerState) handler(f core.Form) sqlxbroker.Handler {
 			_ = record(ctx, &m, d.Attempt(), 0)
 			return fmt.Errorf("soak: %s: simulated failure on attempt %d", m.Msg, d.Attempt())
 		}
-		if f == core.RowLock {
+		if f.Form == core.RowLock {
 			tx, err := d.Tx()
 			if err != nil {
 				return err
@@ -292,7 +283,7 @@ func (w *soakWorkerState) handler(f core.Form) sqlxbroker.Handler {
 // worker killed or a database away before it lands leaves the completion
 // unrecorded (counted, not a violation). Each record carries a rec unique
 // to the call, so a retry after a lost commit reply is not a second outcome.
-func (w *soakWorkerState) onOutcome(f core.Form) func(*sqlxbroker.Delivery, core.Outcome, error) {
+func (w *soakWorkerState) onOutcome(f soakVariant) func(*sqlxbroker.Delivery, core.Outcome, error) {
 	_, _, _, outcomes := ledgers(w.cfg.Prefix)
 	q := w.db.Rebind("INSERT INTO " + outcomes + " (form, msg, kind, rec, worker, pid) VALUES (?, ?, ?, ?, ?, ?)")
 	var recs atomic.Int64
