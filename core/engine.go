@@ -110,15 +110,17 @@ type Subscription struct {
 	batching   bool           // the form claims batches (Batching)
 	dry        atomic.Bool    // the last claim found fewer rows than asked
 
-	wake     chan struct{}
-	freed    chan struct{}
-	work     chan Claim // idle workers receive here
-	inflight atomic.Int64
-	handlers sync.WaitGroup
-	loopDone chan struct{}
-	done     chan struct{}
-	stopOnce sync.Once
-	stopErr  error
+	wake       chan struct{}
+	freed      chan struct{}
+	idleMu     sync.Mutex
+	idle       []chan Claim // idle workers, the last idle first
+	idleClosed bool         // claims have stopped: workers end
+	inflight   atomic.Int64
+	handlers   sync.WaitGroup
+	loopDone   chan struct{}
+	done       chan struct{}
+	stopOnce   sync.Once
+	stopErr    error
 
 	claimed, succeeded, retried, dead, released, lost atomic.Int64
 	claimErrs, completeErrs, panics                   atomic.Int64
@@ -138,7 +140,7 @@ func Subscribe(ctx context.Context, form ClaimForm, h Handler, p SubscribeParams
 		return nil, err
 	}
 	s := &Subscription{form: form, h: h, p: p, log: p.Logger,
-		wake: make(chan struct{}, 1), freed: make(chan struct{}, 1), work: make(chan Claim),
+		wake: make(chan struct{}, 1), freed: make(chan struct{}, 1),
 		loopDone: make(chan struct{}), done: make(chan struct{}), completeBy: sharedDeadline{d: p.CompleteTimeout}}
 	if b, ok := form.(Batching); ok {
 		s.batching = b.BatchesClaims()
@@ -187,6 +189,7 @@ func (s *Subscription) Stop(ctx context.Context) error {
 	s.stopOnce.Do(func() {
 		s.stopClaims()
 		<-s.loopDone
+		s.closeIdle()
 		finished := make(chan struct{})
 		go func() { s.handlers.Wait(); close(finished) }()
 		select {
@@ -297,16 +300,23 @@ func (s *Subscription) sleep(d time.Duration, also <-chan struct{}) {
 
 // start hands c to an idle worker, or to a new one. Workers stay for the
 // next claim, so a busy subscription does not start a goroutine (and grow
-// its stack) per delivery; a worker idle for idleWorker ends.
+// its stack) per delivery; a worker idle for idleWorker ends. Idle workers
+// wait on channels of their own, so handing out a batch of claims does not
+// contend for one channel.
 func (s *Subscription) start(c Claim) {
 	s.claimed.Add(1)
 	s.inflight.Add(1)
-	select {
-	case s.work <- c:
-	default:
-		s.handlers.Add(1)
-		go s.worker(c)
+	s.idleMu.Lock()
+	if n := len(s.idle); n > 0 {
+		w := s.idle[n-1]
+		s.idle = s.idle[:n-1]
+		s.idleMu.Unlock()
+		w <- c // its buffer is free: the worker took the last claim sent
+		return
 	}
+	s.idleMu.Unlock()
+	s.handlers.Add(1)
+	go s.worker(c)
 }
 
 // idleWorker is how long a worker waits for its next claim.
@@ -328,6 +338,7 @@ func (s *Subscription) worker(c Claim) {
 		}
 	})
 	defer stop()
+	me := make(chan Claim, 1)
 	idle := time.NewTimer(idleWorker)
 	defer idle.Stop()
 	for {
@@ -345,19 +356,57 @@ func (s *Subscription) worker(c Claim) {
 			continue
 		}
 		s.inflight.Add(-1)
-		select {
-		case s.freed <- struct{}{}:
-		default:
+		if len(s.freed) == 0 {
+			select {
+			case s.freed <- struct{}{}:
+			default:
+			}
 		}
+		s.idleMu.Lock()
+		if s.idleClosed {
+			s.idleMu.Unlock()
+			return
+		}
+		s.idle = append(s.idle, me)
+		s.idleMu.Unlock()
 		idle.Reset(idleWorker)
 		select {
-		case c = <-s.work:
+		case c = <-me:
 		case <-idle.C:
-			return
-		case <-s.claimCtx.Done():
+			if s.leaveIdle(me) {
+				return
+			}
+			c = <-me // start took this worker: its claim is on the way
+		}
+		if c == nil { // the subscription is stopping
 			return
 		}
 	}
+}
+
+// closeIdle ends the idle workers once claims have stopped: each gets a nil
+// claim, and no worker goes idle again.
+func (s *Subscription) closeIdle() {
+	s.idleMu.Lock()
+	defer s.idleMu.Unlock()
+	s.idleClosed = true
+	for _, w := range s.idle {
+		w <- nil
+	}
+	s.idle = nil
+}
+
+// leaveIdle removes w from the idle workers; false when start has taken it.
+func (s *Subscription) leaveIdle(w chan Claim) bool {
+	s.idleMu.Lock()
+	defer s.idleMu.Unlock()
+	for i, x := range s.idle {
+		if x == w {
+			s.idle = append(s.idle[:i], s.idle[i+1:]...)
+			return true
+		}
+	}
+	return false
 }
 
 // run runs the handler of c with ctx, which is cancelled when the claim's

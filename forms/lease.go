@@ -25,12 +25,19 @@ type lease struct {
 	done     chan struct{}
 	wg       sync.WaitGroup
 	startOne sync.Once
-	complete chan *leaseDone
+
+	// Completions wait here for the completer: a queue rather than a
+	// channel, so a thousand handlers completing at once do not contend
+	// for one channel's lock.
+	qmu    sync.Mutex
+	queue  []*leaseDone
+	closed bool          // the completer has stopped: complete alone
+	queued chan struct{} // cap 1: the queue is not empty
 }
 
 func newLease(b base) *lease {
 	return &lease{base: b, dur: b.plan.Table.LeaseDuration(), active: map[*leaseClaim]struct{}{},
-		done: make(chan struct{}), complete: make(chan *leaseDone)}
+		done: make(chan struct{}), queued: make(chan struct{}, 1)}
 }
 
 func (f *lease) Form() core.Form { return core.Lease }
@@ -145,6 +152,16 @@ func (c *leaseClaim) markLost() {
 	})
 }
 
+// isLost reports whether the lease was lost.
+func (c *leaseClaim) isLost() bool {
+	select {
+	case <-c.lost:
+		return true
+	default:
+		return false
+	}
+}
+
 // OnLost runs fn when the lease is lost (core.LostNotifier).
 func (c *leaseClaim) OnLost(fn func()) {
 	c.mu.Lock()
@@ -188,19 +205,24 @@ func (c *leaseClaim) finish() time.Time {
 // more: a completion that gave up (ctx ended before the completer took it)
 // leaves the row to come back when its lease runs out.
 func (c *leaseClaim) Complete(ctx context.Context, o core.Outcome) error {
-	defer c.finish()
 	f := c.f
 	req := &leaseDone{claim: c, o: o, reply: make(chan error, 1)}
-	select {
-	case f.complete <- req:
-		select {
-		case err := <-req.reply:
-			return err
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	case <-f.done:
+	f.qmu.Lock()
+	if f.closed {
+		f.qmu.Unlock()
 		return f.completeOne(ctx, c, o)
+	}
+	f.queue = append(f.queue, req)
+	f.qmu.Unlock()
+	if len(f.queued) == 0 {
+		select {
+		case f.queued <- struct{}{}:
+		default:
+		}
+	}
+	select {
+	case err := <-req.reply:
+		return err
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -265,8 +287,16 @@ func (f *lease) fencedBatch(ctx context.Context, head string, headArgs []any, re
 		cond, args := f.fence(claims, tokens)
 		q := p.Rebind(head + " WHERE " + cond)
 		args = append(append([]any{}, headArgs...), args...)
+		tx, err := f.db.BeginTxx(ctx, nil)
+		if err != nil {
+			return nil, err
+		}
+		defer tx.Rollback() //nolint:errcheck // no-op after Commit
 		if returning {
-			rows, err := f.db.QueryxContext(ctx, q+" RETURNING "+p.QID, args...)
+			// In a transaction: a read of the changed ids cut short (ctx
+			// ends) rolls the change back, so the tokens kept here never
+			// differ from the rows'.
+			rows, err := tx.QueryxContext(ctx, q+" RETURNING "+p.QID, args...)
 			if err != nil {
 				return nil, err
 			}
@@ -274,20 +304,21 @@ func (f *lease) fencedBatch(ctx context.Context, head string, headArgs []any, re
 			if err != nil {
 				return nil, err
 			}
-			changed := make(map[string]bool, len(got))
-			for _, g := range got {
-				changed[idKey(g.vals[0])] = true
+			if len(got) == len(claims) { // ids are distinct: every row matched
+				for i := range hit {
+					hit[i] = true
+				}
+			} else {
+				changed := make(map[string]bool, len(got))
+				for _, g := range got {
+					changed[idKey(g.vals[0])] = true
+				}
+				for i, c := range claims {
+					hit[i] = changed[idKey(c.d.ID())]
+				}
 			}
-			for i, c := range claims {
-				hit[i] = changed[idKey(c.d.ID())]
-			}
-			return hit, nil
+			return hit, tx.Commit()
 		}
-		tx, err := f.db.BeginTxx(ctx, nil)
-		if err != nil {
-			return nil, err
-		}
-		defer tx.Rollback() //nolint:errcheck // no-op after Commit
 		res, err := tx.ExecContext(ctx, q, args...)
 		if err != nil {
 			return nil, err
@@ -374,7 +405,8 @@ func (f *lease) renewAll(claims []*leaseClaim) {
 	until := now.Add(f.dur)
 	for _, c := range claims {
 		c.mu.Lock()
-		if c.finished {
+		if c.finished || c.isLost() {
+			// A lost lease is another claim's now: nothing to renew.
 			c.mu.Unlock()
 			continue
 		}
@@ -440,57 +472,50 @@ const (
 )
 
 // completer writes completions in batches: whatever has queued while the
-// flushers were busy goes in the next batch.
+// flushers were busy goes in the next batch. When the form closes it writes
+// what is queued, and later completions run alone.
 func (f *lease) completer() {
 	defer f.wg.Done()
 	var flushing sync.WaitGroup
 	defer flushing.Wait()
 	sem := make(chan struct{}, flushers)
+	take := func() []*leaseDone {
+		f.qmu.Lock()
+		defer f.qmu.Unlock()
+		n := min(len(f.queue), maxBatch)
+		batch := f.queue[:n:n]
+		f.queue = f.queue[n:]
+		if len(f.queue) == 0 {
+			f.queue = nil
+		}
+		return batch
+	}
 	for {
-		var batch []*leaseDone
 		select {
 		case <-f.done:
-			// Finish what is queued, then stop.
-			for {
-				select {
-				case r := <-f.complete:
-					f.flush([]*leaseDone{r})
-				default:
-					return
-				}
+			f.qmu.Lock()
+			f.closed = true
+			f.qmu.Unlock()
+			for batch := take(); len(batch) > 0; batch = take() {
+				f.flush(batch)
 			}
-		case r := <-f.complete:
-			batch = append(batch, r)
+			return
+		case <-f.queued:
 		}
-		// Gather while waiting for a free flusher.
-	wait:
 		for {
-			if len(batch) == maxBatch {
-				sem <- struct{}{}
+			sem <- struct{}{} // a free flusher; the queue grows meanwhile
+			batch := take()
+			if len(batch) == 0 {
+				<-sem
 				break
 			}
-			select {
-			case sem <- struct{}{}:
-				break wait
-			case r := <-f.complete:
-				batch = append(batch, r)
-			}
+			flushing.Add(1)
+			go func() {
+				defer flushing.Done()
+				defer func() { <-sem }()
+				f.flush(batch)
+			}()
 		}
-	drain:
-		for len(batch) < maxBatch {
-			select {
-			case r := <-f.complete:
-				batch = append(batch, r)
-			default:
-				break drain
-			}
-		}
-		flushing.Add(1)
-		go func() {
-			defer flushing.Done()
-			defer func() { <-sem }()
-			f.flush(batch)
-		}()
 	}
 }
 

@@ -5,9 +5,9 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"runtime"
-	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -51,17 +51,16 @@ func benchCmd(args []string) error {
 	table := fs.String("table", "sqlxbroker_bench", "table to create, fill and drop")
 	asJSON := fs.Bool("json", false, "print one JSON line per run instead of the table")
 	svg := fs.String("svg", "", "write a chart of the runs (concurrency x deliveries/s) to this SVG file")
-	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the runs to this file")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the drain (or steady phase) of the last run to this file")
 	_ = fs.Parse(args)
+	var profile io.Writer
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {
 			return err
 		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+		defer f.Close()
+		profile = f
 	}
 	if *driver == "" || *dsn == "" {
 		fs.Usage()
@@ -103,7 +102,7 @@ func benchCmd(args []string) error {
 			}
 			r, err := bench.Run(context.Background(), bench.Config{Driver: *driver, DSN: *dsn, Dialect: d, Form: f,
 				Mode: *mode, Rows: *rows, Concurrency: k, BatchSize: *batch, Keys: *keys, Rate: *rate,
-				Duration: *dur, CommitDuration: *commit, Table: *table, Logf: logf})
+				Duration: *dur, CommitDuration: *commit, Table: *table, Logf: logf, Profile: profile})
 			if err != nil {
 				return fmt.Errorf("bench %s concurrency %d: %w", f, k, err)
 			}
@@ -174,11 +173,11 @@ func parseInts(s string) ([]int, error) {
 
 // printResults prints one line per run, as docs/performance.md shows them.
 func printResults(rs []bench.Result) {
-	fmt.Printf("\n| form | conc | rows | deliveries/s | p50 ms | p99 ms | peak conns | peak RSS MB | commits/s | ratio | errors |\n")
-	fmt.Printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	fmt.Printf("\n| form | conc | rows | deliveries/s | p50 ms | p99 ms | peak conns | peak RSS MB | CPU us/delivery | commits/s | ratio | errors |\n")
+	fmt.Printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rs {
-		fmt.Printf("| %s | %d | %d | %.0f | %.2f | %.2f | %d | %.0f | %.0f | %.2f | %d |\n",
-			r.Form, r.Concurrency, r.Rows, r.PerSecond, r.P50Ms, r.P99Ms, r.PeakConns, r.PeakRSSMB, r.CommitsPerSec, r.Ratio, r.Errors)
+		fmt.Printf("| %s | %d | %d | %.0f | %.2f | %.2f | %d | %.0f | %.1f | %.0f | %.2f | %d |\n",
+			r.Form, r.Concurrency, r.Rows, r.PerSecond, r.P50Ms, r.P99Ms, r.PeakConns, r.PeakRSSMB, r.CPUMicros, r.CommitsPerSec, r.Ratio, r.Errors)
 	}
 	fmt.Printf("\n(commits/s: the raw commit loop over as many connections as the run's peak)\n")
 }

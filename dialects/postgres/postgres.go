@@ -141,6 +141,8 @@ func (Dialect) FenceLeases(p *core.Plan, ids, tokens []any) (string, []any) {
 // statement gives it.
 func arrayLiteral(vals []any) string {
 	var b strings.Builder
+	var last time.Time
+	var lastText string
 	b.WriteByte('{')
 	for i, v := range vals {
 		if i > 0 {
@@ -155,7 +157,12 @@ func arrayLiteral(vals []any) string {
 		case string:
 			s = x
 		case time.Time:
-			s = x.UTC().Format("2006-01-02 15:04:05.999999Z07:00")
+			if i > 0 && x.Equal(last) {
+				s = lastText // a batch's tokens are mostly one claim's deadline
+			} else {
+				s = x.UTC().Format("2006-01-02 15:04:05.999999Z07:00")
+				last, lastText = x, s
+			}
 		default:
 			s = fmt.Sprint(x)
 		}

@@ -14,14 +14,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -68,6 +71,9 @@ type Config struct {
 	Table string
 	// Logf, when set, reports progress.
 	Logf func(format string, args ...any)
+	// Profile, when set, receives a CPU profile of the drain or steady
+	// phase alone (the fill left out).
+	Profile io.Writer
 }
 
 // Result is what a run measured. Latency is publish-to-handler in steady
@@ -87,6 +93,7 @@ type Result struct {
 	P99Ms         float64 `json:"p99_ms"`
 	PeakConns     int     `json:"peak_conns"`
 	PeakRSSMB     float64 `json:"peak_rss_mb"`
+	CPUMicros     float64 `json:"cpu_us_per_delivery"`    // this process's CPU time (user and system) per delivery
 	CommitConns   int     `json:"commit_conns,omitempty"` // connections of the commit loop
 	CommitsPerSec float64 `json:"commits_per_sec,omitempty"`
 	Ratio         float64 `json:"ratio,omitempty"` // PerSecond / CommitsPerSec
@@ -284,17 +291,24 @@ func fill(ctx context.Context, b *sqlxbroker.Broker, t core.Table, n, keys int) 
 // watch samples the pool's open connections and the process's peak RSS
 // while a run lasts.
 type watch struct {
-	db    *sqlx.DB
-	peak  atomic.Int64
-	stop  chan struct{}
-	ended chan struct{}
+	db      *sqlx.DB
+	cpu     time.Duration // the process's CPU time at the start
+	profile io.Writer     // a CPU profile in progress
+	peak    atomic.Int64
+	stop    chan struct{}
+	ended   chan struct{}
 }
 
-func startWatch(db *sqlx.DB) *watch {
+func startWatch(db *sqlx.DB, profile io.Writer) *watch {
 	runtime.GC()
 	debug.FreeOSMemory()
 	resetPeakRSS()
-	w := &watch{db: db, stop: make(chan struct{}), ended: make(chan struct{})}
+	w := &watch{db: db, cpu: cpuTime(), stop: make(chan struct{}), ended: make(chan struct{}), profile: profile}
+	if profile != nil {
+		if err := pprof.StartCPUProfile(profile); err != nil {
+			w.profile = nil
+		}
+	}
 	go func() {
 		defer close(w.ended)
 		t := time.NewTicker(time.Millisecond)
@@ -314,10 +328,30 @@ func startWatch(db *sqlx.DB) *watch {
 }
 
 func (w *watch) end(r *Result) {
+	if w.profile != nil {
+		pprof.StopCPUProfile()
+	}
 	close(w.stop)
 	<-w.ended
 	r.PeakConns = int(w.peak.Load())
 	r.PeakRSSMB = float64(peakRSS()) / (1 << 20)
+	w.cpu = cpuTime() - w.cpu
+}
+
+// perDelivery sets r.CPUMicros from the CPU time the watch saw.
+func (w *watch) perDelivery(r *Result) {
+	if r.Deliveries > 0 {
+		r.CPUMicros = float64(w.cpu.Microseconds()) / float64(r.Deliveries)
+	}
+}
+
+// cpuTime is the process's CPU time so far, user and system.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // resetPeakRSS restarts the kernel's peak RSS count (Linux; elsewhere the
@@ -387,7 +421,7 @@ func drain(ctx context.Context, c Config, b *sqlxbroker.Broker, t core.Table, r 
 			}
 		}}
 	c.Logf("draining with concurrency %d", c.Concurrency)
-	w := startWatch(db)
+	w := startWatch(db, c.Profile)
 	begin := time.Now()
 	s, err := sb.Subscribe(ctx, t, h, p)
 	if err != nil {
@@ -412,6 +446,7 @@ func drain(ctx context.Context, c Config, b *sqlxbroker.Broker, t core.Table, r 
 	r.Deliveries = done.Load()
 	r.Seconds = last.Sub(begin).Seconds()
 	r.PerSecond = float64(r.Deliveries) / r.Seconds
+	w.perDelivery(r)
 	return nil
 }
 
@@ -443,7 +478,7 @@ func steady(ctx context.Context, c Config, b *sqlxbroker.Broker, t core.Table, r
 		return nil
 	}
 	p := sqlxbroker.SubscribeParams{Concurrency: c.Concurrency, BatchSize: c.BatchSize, Logger: quiet()}
-	w := startWatch(db)
+	w := startWatch(db, c.Profile)
 	s, err := sb.Subscribe(ctx, t, h, p)
 	if err != nil {
 		w.end(r)
@@ -479,6 +514,7 @@ func steady(ctx context.Context, c Config, b *sqlxbroker.Broker, t core.Table, r
 	fillResult(r, s.Stats(), &lat)
 	r.Rows = int(sent)
 	r.Deliveries = got.Load()
+	w.perDelivery(r)
 	r.Seconds = elapsed.Seconds()
 	r.PerSecond = float64(r.Deliveries) / r.Seconds
 	if r.Deliveries < sent {
