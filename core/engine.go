@@ -113,8 +113,8 @@ type Subscription struct {
 	wake       chan struct{}
 	freed      chan struct{}
 	idleMu     sync.Mutex
-	idle       []chan Claim // idle workers, the last idle first
-	idleClosed bool         // claims have stopped: workers end
+	idle       []idler // idle workers, the first idle first
+	idleClosed bool    // claims have stopped: workers end
 	inflight   atomic.Int64
 	handlers   sync.WaitGroup
 	loopDone   chan struct{}
@@ -148,6 +148,7 @@ func Subscribe(ctx context.Context, form ClaimForm, h Handler, p SubscribeParams
 	s.claimCtx, s.stopClaims = context.WithCancel(context.Background())
 	s.hardCtx, s.hardCancel = context.WithCancel(context.Background())
 	go s.loop()
+	go s.trimIdle()
 	go func() {
 		select {
 		case <-ctx.Done():
@@ -311,7 +312,7 @@ func (s *Subscription) start(c Claim) {
 		w := s.idle[n-1]
 		s.idle = s.idle[:n-1]
 		s.idleMu.Unlock()
-		w <- c // its buffer is free: the worker took the last claim sent
+		w.c <- c // its buffer is free: the worker took the last claim sent
 		return
 	}
 	s.idleMu.Unlock()
@@ -339,8 +340,6 @@ func (s *Subscription) worker(c Claim) {
 	})
 	defer stop()
 	me := make(chan Claim, 1)
-	idle := time.NewTimer(idleWorker)
-	defer idle.Stop()
 	for {
 		ctx := &handlerCtx{Context: base}
 		mu.Lock()
@@ -367,20 +366,40 @@ func (s *Subscription) worker(c Claim) {
 			s.idleMu.Unlock()
 			return
 		}
-		s.idle = append(s.idle, me)
+		s.idle = append(s.idle, idler{me, time.Now()})
 		s.idleMu.Unlock()
-		idle.Reset(idleWorker)
-		select {
-		case c = <-me:
-		case <-idle.C:
-			if s.leaveIdle(me) {
-				return
-			}
-			c = <-me // start took this worker: its claim is on the way
-		}
-		if c == nil { // the subscription is stopping
+		if c = <-me; c == nil { // idle too long, or the subscription stops
 			return
 		}
+	}
+}
+
+// idler is an idle worker's channel and when it went idle.
+type idler struct {
+	c     chan Claim
+	since time.Time
+}
+
+// trimIdle ends the workers idle for longer than idleWorker, every half
+// of it, until claims stop. The first idle are the first in the list.
+func (s *Subscription) trimIdle() {
+	t := time.NewTicker(idleWorker / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.claimCtx.Done():
+			return
+		case <-t.C:
+		}
+		old := time.Now().Add(-idleWorker)
+		s.idleMu.Lock()
+		n := 0
+		for n < len(s.idle) && s.idle[n].since.Before(old) {
+			s.idle[n].c <- nil
+			n++
+		}
+		s.idle = s.idle[n:]
+		s.idleMu.Unlock()
 	}
 }
 
@@ -391,22 +410,9 @@ func (s *Subscription) closeIdle() {
 	defer s.idleMu.Unlock()
 	s.idleClosed = true
 	for _, w := range s.idle {
-		w <- nil
+		w.c <- nil
 	}
 	s.idle = nil
-}
-
-// leaveIdle removes w from the idle workers; false when start has taken it.
-func (s *Subscription) leaveIdle(w chan Claim) bool {
-	s.idleMu.Lock()
-	defer s.idleMu.Unlock()
-	for i, x := range s.idle {
-		if x == w {
-			s.idle = append(s.idle[:i], s.idle[i+1:]...)
-			return true
-		}
-	}
-	return false
 }
 
 // run runs the handler of c with ctx, which is cancelled when the claim's
