@@ -30,6 +30,10 @@ func newAdvisory(b base) *advisory { return &advisory{base: b, held: map[string]
 
 func (f *advisory) Form() core.Form { return core.Advisory }
 
+// BatchesClaims: one candidate read and one take serve a batch
+// (core.Batching).
+func (f *advisory) BatchesClaims() bool { return true }
+
 func (f *advisory) Start(ctx context.Context) error {
 	if err := f.start(ctx, core.Advisory); err != nil {
 		return err
@@ -66,15 +70,13 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	for _, k := range p.QKeyCols {
 		cols += ", " + p.Alias + "." + k
 	}
-	limit := max * candidates
+	// The rows of this form's own deliveries are still claimable (their
+	// keys are what hold them) and come first: look past them too.
+	f.mu.Lock()
+	limit := max*candidates + len(f.held)
+	f.mu.Unlock()
 	page := fmt.Sprintf("SELECT %s FROM %s %s WHERE %s%%s ORDER BY %s LIMIT %d", cols, p.QTable, p.Alias, where, p.OrderBy(p.Alias), limit)
 	var out []core.Claim
-	var spare *sqlx.Conn // a connection no key is locked on, reused
-	defer func() {
-		if spare != nil {
-			spare.Close()
-		}
-	}()
 	tried := map[string]bool{}
 	var after any // the order value the next page starts after
 	for n := 0; n < pages && len(out) < max && ctx.Err() == nil; n++ {
@@ -91,39 +93,26 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 			return out, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table.Name, err)
 		}
 		// Lock the keys of as many candidates as are wanted, each on its
-		// own connection, then take their rows together.
+		// own connection, in waves of tries made at once; then take their
+		// rows together.
 		var locked []*advisoryClaim
-		for i := range cands {
-			if len(out)+len(locked) == max || ctx.Err() != nil {
-				break
-			}
-			r := &cands[i]
-			key := p.Key.Render(r.get)
-			if tried[key] || !f.hold(key) {
-				continue
-			}
-			tried[key] = true
-			if spare == nil {
-				if spare, err = f.db.Connx(ctx); err != nil {
-					f.drop(key)
-					err = fmt.Errorf("sqlxbroker: advisory connection: %w", err)
-					break
+		for i := 0; i < len(cands) && err == nil && ctx.Err() == nil; {
+			var wave []*advisoryClaim
+			for ; i < len(cands) && len(out)+len(locked)+len(wave) < max; i++ {
+				r := &cands[i]
+				key := p.Key.Render(r.get)
+				if tried[key] || !f.hold(key) {
+					continue
 				}
+				tried[key] = true
+				wave = append(wave, &advisoryClaim{f: f, key: key, id: r.vals[0]})
 			}
-			ok, lerr := p.Caps.AdvisoryLocker.TryAdvisoryLock(ctx, spare, key)
-			if lerr != nil {
-				f.drop(key)
-				spare.Close() // its session state is unknown
-				spare = nil
-				err = fmt.Errorf("sqlxbroker: try advisory lock %q: %w", key, lerr)
+			if len(wave) == 0 {
 				break
 			}
-			if !ok {
-				f.drop(key)
-				continue
-			}
-			locked = append(locked, &advisoryClaim{f: f, conn: spare, key: key, id: r.vals[0]})
-			spare = nil // it belongs to the key now
+			var got []*advisoryClaim
+			got, err = f.tryLocks(ctx, wave)
+			locked = append(locked, got...)
 		}
 		taken, terr := f.takeAll(ctx, locked)
 		out = append(out, taken...)
@@ -237,6 +226,47 @@ func (f *advisory) countAll(ctx context.Context, claims []*advisoryClaim) ([]row
 		}
 	}
 	return rows, tx.Commit()
+}
+
+// tryLocks tries the key of each claim at once, each on a connection of its
+// own, and returns the claims whose keys it locked (their connections now
+// hold them); the keys of the others are dropped and their connections go
+// back to the pool, or are discarded when a try failed.
+func (f *advisory) tryLocks(ctx context.Context, wave []*advisoryClaim) ([]*advisoryClaim, error) {
+	locker := f.plan.Caps.AdvisoryLocker
+	errs := make([]error, len(wave))
+	ok := make([]bool, len(wave))
+	var wg sync.WaitGroup
+	for i, c := range wave {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := f.db.Connx(ctx)
+			if err != nil {
+				errs[i] = fmt.Errorf("sqlxbroker: advisory connection: %w", err)
+				return
+			}
+			if ok[i], err = locker.TryAdvisoryLock(ctx, conn, c.key); err != nil {
+				errs[i] = fmt.Errorf("sqlxbroker: try advisory lock %q: %w", c.key, err)
+				_ = conn.Raw(func(any) error { return driver.ErrBadConn }) // its session state is unknown
+			}
+			if !ok[i] {
+				conn.Close()
+				return
+			}
+			c.conn = conn
+		}()
+	}
+	wg.Wait()
+	var out []*advisoryClaim
+	for i, c := range wave {
+		if ok[i] {
+			out = append(out, c)
+		} else {
+			f.drop(c.key)
+		}
+	}
+	return out, errors.Join(errs...)
 }
 
 // hold marks key as held by this form; false when it already is.
