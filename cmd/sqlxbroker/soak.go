@@ -15,8 +15,11 @@ package main
 //
 //  1. faults (--duration): worker 0 is the witness and is never killed; the
 //     other workers are killed at random (mean --kill-every) and restarted
-//     at once. Worker sessions are terminated at random (mean
-//     --session-kill-every): PostgreSQL pg_terminate_backend on backends
+//     at once. Where the dialect offers wake-ups (PostgreSQL), the witness
+//     publishes nothing and polls once an hour, so it keeps claiming only
+//     while its wake-ups work (a pq.Listener through postgres.Open; the
+//     other workers' pools read notifications on a pooled connection).
+//     Worker sessions are terminated at random (mean --session-kill-every): PostgreSQL pg_terminate_backend on backends
 //     whose application_name names this run's workers; MySQL/MariaDB KILL
 //     CONNECTION of the connections of the soak's database and user, the
 //     harness's own connection excluded (it holds only one during the run).
@@ -190,6 +193,10 @@ type workerConfig struct {
 	FailPct     float64
 	SlowPct     float64
 	PoisonPct   float64
+	// WakeOnly: subscriptions poll once an hour, so they claim when woken
+	// (the dialect's Waker, their own completions); a PostgreSQL pool is
+	// opened with postgres.Open, whose wake-ups come through a pq.Listener.
+	WakeOnly bool
 }
 
 // soakVariant is one table of the soak: a claim form, and whether done rows
@@ -510,10 +517,18 @@ func runSoak(ctx context.Context, c soakConfig) (*soakReport, error) {
 			return nil, err
 		}
 		defer lf.Close()
+		pub, wakeOnly := names, false
+		if i == 0 && caps.Waker != nil && c.Workers > 1 {
+			// The witness relies on wake-ups: it publishes nothing (no
+			// in-process wake-up) and polls once an hour, so it claims
+			// after the restart only if its listener came back.
+			pub, wakeOnly = nil, true
+		}
 		workers[i] = &worker{idx: i, args: c.WorkerArgs, logf: lf, cfg: workerConfig{
 			Index: i, Driver: c.Driver, DSN: sessionDSN(c.Driver, c.DSN, workerAppName(c.RunID, i)), Prefix: c.Prefix,
-			Subscribe: sub, Publish: names, Concurrency: c.Concurrency, Rate: c.Rate, Lease: c.Lease,
+			Subscribe: sub, Publish: pub, Concurrency: c.Concurrency, Rate: c.Rate, Lease: c.Lease,
 			MaxAttempts: c.MaxAttempts, FailPct: c.FailPct, SlowPct: c.SlowPct, PoisonPct: c.PoisonPct,
+			WakeOnly: wakeOnly,
 		}}
 	}
 	// The harness's one connection during the run: it never terminates it.
@@ -711,8 +726,12 @@ func runSoak(ctx context.Context, c soakConfig) (*soakReport, error) {
 		}
 		return out
 	}
-	for {
+	for said := time.Now(); ; {
 		left := waiting()
+		if len(left) > 0 && time.Since(said) >= 5*time.Second {
+			said = time.Now()
+			logf("calm: waiting for %s", strings.Join(left, ", "))
+		}
 		if len(left) == 0 {
 			logf("calm: every worker recorded outcomes in every form it subscribes to (%v)", time.Since(calmStart).Round(time.Millisecond))
 			break

@@ -18,6 +18,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/core"
+	"github.com/sqlxbroker/sqlxbroker/dialects/postgres"
 )
 
 // soakMsg is a soak message's payload: msg names it everywhere (ledgers
@@ -40,7 +41,17 @@ func soakWorker() error {
 		return fmt.Errorf("soak worker: bad %s: %w", workerEnv, err)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("worker", cfg.Index, "pid", os.Getpid())
-	db, err := openSoakDB(cfg.Driver, cfg.DSN)
+	open := openSoakDB
+	if cfg.WakeOnly && cfg.Driver == "postgres" {
+		open = func(_, dsn string) (*sqlx.DB, error) {
+			db, err := postgres.Open(dsn)
+			if err == nil {
+				db.SetMaxIdleConns(64)
+			}
+			return db, err
+		}
+	}
+	db, err := open(cfg.Driver, cfg.DSN)
 	if err != nil {
 		return err
 	}
@@ -196,7 +207,7 @@ func (w *soakWorkerState) subscribe(f soakVariant, stop <-chan struct{}) {
 	t := w.table(f)
 	p := sqlxbroker.SubscribeParams{
 		Concurrency:     w.cfg.Concurrency,
-		PollInterval:    500 * time.Millisecond,
+		PollInterval:    w.pollInterval(),
 		MinPollInterval: 10 * time.Millisecond,
 		RetryDelay:      func(attempt int) time.Duration { return time.Duration(attempt) * 100 * time.Millisecond },
 		OnOutcome:       w.onOutcome(f),
@@ -218,6 +229,13 @@ func (w *soakWorkerState) subscribe(f soakVariant, stop <-chan struct{}) {
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+func (w *soakWorkerState) pollInterval() time.Duration {
+	if w.cfg.WakeOnly {
+		return time.Hour
+	}
+	return 500 * time.Millisecond
 }
 
 // handler fails cfg.FailPct of its runs (and every run of a poison
