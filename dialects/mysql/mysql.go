@@ -38,7 +38,10 @@
 //
 // Every statement with arguments costs three round trips (prepare, execute,
 // close) unless the DSN says interpolateParams=true, which makes it one; the
-// dialect works either way.
+// dialect works either way. A claim transaction names READ COMMITTED, one
+// more round trip, unless the DSN starts sessions there
+// (tx_isolation='READ-COMMITTED' on MariaDB, transaction_isolation on
+// MySQL; CheckServer notices).
 //
 // Limits: a FIFO table in the advisory form needs MariaDB (the form's take
 // is an UPDATE with a subquery on its own table, which MySQL 8 rejects with
@@ -55,6 +58,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	_ "github.com/go-sql-driver/mysql" // the "mysql" database/sql driver
@@ -81,6 +85,7 @@ var _ interface {
 	core.ServerChecker
 	core.TableChecker
 	core.TableCreator
+	core.ClaimBeginner
 } = Dialect{}
 
 func (d Dialect) Name() string {
@@ -131,6 +136,7 @@ func (d Dialect) CheckServer(ctx context.Context, db *sqlx.DB, form core.Form) e
 	if autocommit != 1 {
 		return fmt.Errorf("sqlxbroker: mysql: the sessions run with autocommit=0, so statements outside a transaction never commit: remove autocommit=0 from the DSN")
 	}
+	readCommitted.Store(db, sessionIsolation(ctx, db) == "READ-COMMITTED")
 	rows, err := db.QueryxContext(ctx, "SELECT x FROM (SELECT 1 AS x) AS t")
 	if err != nil {
 		return fmt.Errorf("sqlxbroker: mysql: check column names: %w", err)
@@ -144,6 +150,35 @@ func (d Dialect) CheckServer(ctx context.Context, db *sqlx.DB, form core.Form) e
 		return fmt.Errorf("sqlxbroker: mysql: the driver names columns %q instead of \"x\": remove columnsWithAlias=true from the DSN", cols)
 	}
 	return nil
+}
+
+// readCommitted records, per pool, whether its sessions start at READ
+// COMMITTED (a DSN with transaction_isolation, or tx_isolation on MariaDB,
+// set to 'READ-COMMITTED'): claims then begin at the session's level and
+// save the SET TRANSACTION round trip a claim would otherwise send.
+var readCommitted sync.Map // *sqlx.DB -> bool
+
+// sessionIsolation reads the session's isolation level, "" when neither
+// variable answers.
+func sessionIsolation(ctx context.Context, db *sqlx.DB) string {
+	for _, q := range []string{"SELECT @@SESSION.transaction_isolation", "SELECT @@SESSION.tx_isolation"} {
+		var level string
+		if err := db.QueryRowxContext(ctx, q).Scan(&level); err == nil {
+			return strings.ToUpper(level)
+		}
+	}
+	return ""
+}
+
+// BeginClaim opens a claim transaction; at READ COMMITTED on a pool whose
+// sessions start there (see readCommitted), without naming the level.
+func (Dialect) BeginClaim(ctx context.Context, db *sqlx.DB, opts *sql.TxOptions) (*sqlx.Tx, error) {
+	if opts != nil && opts.Isolation == sql.LevelReadCommitted {
+		if rc, _ := readCommitted.Load(db); rc == true {
+			return db.BeginTxx(ctx, nil)
+		}
+	}
+	return db.BeginTxx(ctx, opts)
 }
 
 // Lowest versions: the first releases with SELECT .. FOR UPDATE SKIP LOCKED.

@@ -615,3 +615,43 @@ func TestRefusals(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimIsolation: claim transactions run at READ COMMITTED (each
+// statement sees the latest commits) whether the pool's sessions start at
+// REPEATABLE READ (the claim names its level) or, through the DSN, at READ
+// COMMITTED (the claim then leaves the level to the session).
+func TestClaimIsolation(t *testing.T) {
+	base := testDSN(t)
+	variable := "transaction_isolation"
+	if isMariaDB(t, openDB(t, base)) {
+		variable = "tx_isolation"
+	}
+	for _, c := range []struct{ name, dsn string }{
+		{"server default", base},
+		{"session at READ COMMITTED", withParams(base, variable+"=%27READ-COMMITTED%27")},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			db := openDB(t, c.dsn)
+			if err := (mysql.Dialect{}).CheckServer(context.Background(), db, core.RowLock); err != nil {
+				t.Fatal(err)
+			}
+			writer := openDB(t, base)
+			name := fmt.Sprintf("sxb_iso_%d", time.Now().UnixNano())
+			writer.MustExec("CREATE TABLE " + name + " (id INT PRIMARY KEY)")
+			t.Cleanup(func() { writer.Exec("DROP TABLE " + name) })
+			tx, err := (mysql.Dialect{}).BeginClaim(context.Background(), db, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback()
+			var n int
+			if err := tx.Get(&n, "SELECT COUNT(*) FROM "+name); err != nil || n != 0 {
+				t.Fatalf("first read: %d rows, %v", n, err)
+			}
+			writer.MustExec("INSERT INTO " + name + " VALUES (1)")
+			if err := tx.Get(&n, "SELECT COUNT(*) FROM "+name); err != nil || n != 1 {
+				t.Errorf("a second read in the claim transaction sees %d rows (%v), want 1: not READ COMMITTED", n, err)
+			}
+		})
+	}
+}
