@@ -56,6 +56,14 @@ type Features struct {
 	// (SQLite), so every claim statement sees the last committed claim and
 	// FIFO tables need no GroupGuard.
 	SingleWriter bool
+	// LeaseClaimStatement: Leaser.ClaimLeases runs one statement that
+	// waits for no lock (it skips locked rows), so outside a FIFO claim
+	// the lease form runs it on the pool, where it commits by itself,
+	// saving a transaction's BEGIN and COMMIT round trips. A dialect whose
+	// claim waits for a lock (SQLite's one writer) must leave it false:
+	// the form reads the clock for the deadline once its transaction
+	// holds what it waits for.
+	LeaseClaimStatement bool
 	// MaxParams is the most arguments one statement should carry (a batch
 	// insert is cut to fit); 0 means 30,000, which every built-in driver
 	// takes.
@@ -89,17 +97,25 @@ type LeaseClaimParams struct {
 	Deadline any
 }
 
+// Querier is what a claim runs its statements on: the claim transaction, a
+// *sqlx.Tx, or for a claim of one statement the pool, a *sqlx.DB.
+type Querier interface {
+	sqlx.QueryerContext
+	sqlx.ExecerContext
+}
+
 // Leaser is the capability of the Lease form.
 type Leaser interface {
-	// ClaimLeases claims up to p.Limit claimable rows in the open claim
-	// transaction tx, ordered by the plan's order column, skipping rows that
+	// ClaimLeases claims up to p.Limit claimable rows on q, the open claim
+	// transaction (or the pool, see Features.LeaseClaimStatement), ordered
+	// by the plan's order column, skipping rows that
 	// other transactions hold, and returns them with every column: for each
 	// row it sets the lease column to p.Deadline and the attempt column to
 	// Plan.NextAttempt (one more, a NULL or an attempt below 1 counting as
 	// 1), and the returned attempt is the new value. No row may
 	// be returned twice, and no row may be claimed by two concurrent calls.
 	// Zero rows is not an error.
-	ClaimLeases(ctx context.Context, tx *sqlx.Tx, p *LeaseClaimParams) (*sqlx.Rows, error)
+	ClaimLeases(ctx context.Context, q Querier, p *LeaseClaimParams) (*sqlx.Rows, error)
 }
 
 // LeaseFencer is an optional capability of a Leaser: it matches many leased

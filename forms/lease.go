@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/sqlxbroker/sqlxbroker/core"
 )
 
@@ -71,15 +72,34 @@ func (f *lease) Close() error {
 
 func (f *lease) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	p := f.plan
+	fifo := p.QGroup != "" && p.Caps.GroupGuard != nil
+	if !fifo && p.Dialect.Features().LeaseClaimStatement {
+		// One statement that waits for nothing commits by itself. It is
+		// not cut short when ctx ends (a stopping subscription): rows it
+		// leased would wait out their lease unhandled; they are handed out
+		// instead, and the stop waits for them.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
+		defer cancel()
+		return f.claimOn(sctx, f.db, nil, core.Now(), max)
+	}
 	tx, err := f.begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("sqlxbroker: begin lease claim: %w", err)
 	}
+	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
 	// The clock is read once the transaction is open: a begin that waited
 	// for the database (SQLite's one writer) must not shorten the lease.
-	now := core.Now()
+	return f.claimOn(ctx, tx, tx, core.Now(), max)
+}
+
+// claimTimeout bounds a claim statement that a stop does not cut short.
+const claimTimeout = 30 * time.Second
+
+// claimOn claims up to max rows on q with deadlines from now and commits
+// tx when it is not nil (a FIFO claim guards its groups in tx first).
+func (f *lease) claimOn(ctx context.Context, q core.Querier, tx *sqlx.Tx, now time.Time, max int) ([]core.Claim, error) {
+	p := f.plan
 	deadline := now.Add(f.dur)
-	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
 	where, args := p.Ready(p.Alias, now)
 	if p.QGroup != "" && p.Caps.GroupGuard != nil {
 		ids, err := guardedHeads(ctx, tx, p, where, args, max)
@@ -92,7 +112,7 @@ func (f *lease) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 		where += " AND " + p.Alias + "." + p.QID + " IN (?" + strings.Repeat(", ?", len(ids)-1) + ")"
 		args = append(args, ids...)
 	}
-	rs, err := p.Caps.Leaser.ClaimLeases(ctx, tx, &core.LeaseClaimParams{Plan: p, Where: where, Args: args, Limit: max, Deadline: p.Time(deadline)})
+	rs, err := p.Caps.Leaser.ClaimLeases(ctx, q, &core.LeaseClaimParams{Plan: p, Where: where, Args: args, Limit: max, Deadline: p.Time(deadline)})
 	if err != nil {
 		return nil, fmt.Errorf("sqlxbroker: lease claim on %s: %w", p.Table.Name, err)
 	}
@@ -111,8 +131,10 @@ func (f *lease) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 		}
 		ds[i] = f.delivery(&rows[i], counted(attempt), "")
 	}
-	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("sqlxbroker: commit lease claim on %s: %w", p.Table.Name, err)
+	if tx != nil {
+		if err := tx.Commit(); err != nil {
+			return nil, fmt.Errorf("sqlxbroker: commit lease claim on %s: %w", p.Table.Name, err)
+		}
 	}
 	out := make([]core.Claim, len(ds))
 	f.mu.Lock()

@@ -272,10 +272,10 @@ const (
 
 // ClaimLeases locks up to p.Limit claimable rows, skipping held ones, sets
 // their deadline and attempt in one UPDATE, and re-reads them, all in tx.
-func (Dialect) ClaimLeases(ctx context.Context, tx *sqlx.Tx, p *core.LeaseClaimParams) (*sqlx.Rows, error) {
+func (Dialect) ClaimLeases(ctx context.Context, on core.Querier, p *core.LeaseClaimParams) (*sqlx.Rows, error) {
 	pl := p.Plan
 	var ids []any
-	err := tx.SelectContext(ctx, &ids, fmt.Sprintf(leaseLock, pl.Alias, pl.QID, pl.QTable, p.Where, pl.OrderBy(pl.Alias), p.Limit), p.Args...)
+	err := sqlx.SelectContext(ctx, on, &ids, fmt.Sprintf(leaseLock, pl.Alias, pl.QID, pl.QTable, p.Where, pl.OrderBy(pl.Alias), p.Limit), p.Args...)
 	if err != nil {
 		return nil, err
 	}
@@ -283,11 +283,11 @@ func (Dialect) ClaimLeases(ctx context.Context, tx *sqlx.Tx, p *core.LeaseClaimP
 	if len(ids) > 0 {
 		in = "?" + strings.Repeat(", ?", len(ids)-1)
 		set := fmt.Sprintf(leaseSet, pl.QTable, pl.QLockedUntil, pl.QAttempt, pl.QID, in, pl.NextAttempt(""))
-		if _, err := tx.ExecContext(ctx, set, append([]any{p.Deadline}, ids...)...); err != nil {
+		if _, err := on.ExecContext(ctx, set, append([]any{p.Deadline}, ids...)...); err != nil {
 			return nil, err
 		}
 	}
-	return tx.QueryxContext(ctx, fmt.Sprintf(leaseRead, pl.QTable, pl.QID, in, pl.QOrder), ids...)
+	return on.QueryxContext(ctx, fmt.Sprintf(leaseRead, pl.QTable, pl.QID, in, pl.QOrder), ids...)
 }
 
 // ---- advisory ----

@@ -86,8 +86,10 @@ func (Dialect) BindType() int { return sqlx.DOLLAR }
 // microseconds, so a deadline compares equal on every session.
 func (Dialect) EncodeTime(t time.Time) any { return t.UTC() }
 
+// Features: RETURNING everywhere, and a lease claim of one statement that
+// skips locked rows (run on the pool outside FIFO claims).
 func (Dialect) Features() core.Features {
-	return core.Features{DeleteReturning: true, UpdateReturning: true}
+	return core.Features{DeleteReturning: true, UpdateReturning: true, LeaseClaimStatement: true}
 }
 
 // SkipLocked locks the selected rows and skips rows others hold.
@@ -114,12 +116,12 @@ const claimLeases = `WITH claimed AS (
 SELECT * FROM claimed ORDER BY %[9]s`
 
 // ClaimLeases claims up to p.Limit rows in one statement.
-func (Dialect) ClaimLeases(ctx context.Context, tx *sqlx.Tx, p *core.LeaseClaimParams) (*sqlx.Rows, error) {
+func (Dialect) ClaimLeases(ctx context.Context, on core.Querier, p *core.LeaseClaimParams) (*sqlx.Rows, error) {
 	pl := p.Plan
 	q := fmt.Sprintf(claimLeases, pl.QTable, pl.Alias, p.Where, pl.OrderBy(pl.Alias), p.Limit,
 		pl.QID, pl.QLockedUntil, pl.QAttempt, pl.QOrder, pl.NextAttempt("u"))
 	// The deadline comes first in the text, the where args after it.
-	return tx.QueryxContext(ctx, pl.Rebind(q), append([]any{p.Deadline}, p.Args...)...)
+	return on.QueryxContext(ctx, pl.Rebind(q), append([]any{p.Deadline}, p.Args...)...)
 }
 
 // fenceLeases pairs ids and tokens by position: the first array is typed
