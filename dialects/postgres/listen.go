@@ -280,6 +280,7 @@ var pushHubs = struct {
 // pushHub is one pq.Listener and the receivers by channel.
 type pushHub struct {
 	dsn  string
+	lmu  sync.Mutex // held for each LISTEN or UNLISTEN
 	l    *pq.Listener
 	subs map[string]map[chan struct{}]struct{}
 	stop chan struct{}
@@ -304,10 +305,26 @@ func joinPush(dsn, name string, ch chan struct{}) *pushHub {
 	}
 	if h.subs[name] == nil {
 		h.subs[name] = map[chan struct{}]struct{}{}
-		go func() { _ = h.l.Listen(name) }() // blocks until the server answers
+		go h.sync(name) // blocks until the server answers
 	}
 	h.subs[name][ch] = struct{}{}
 	return h
+}
+
+// sync LISTENs on name while it has receivers and UNLISTENs otherwise. Calls
+// run one at a time and each reads the receivers afresh, so a leave and a
+// join racing on one channel end as the last of them left it.
+func (h *pushHub) sync(name string) {
+	h.lmu.Lock()
+	defer h.lmu.Unlock()
+	pushHubs.Lock()
+	want := h.subs[name] != nil
+	pushHubs.Unlock()
+	if want {
+		_ = h.l.Listen(name) // ErrChannelAlreadyOpen: nothing to do
+	} else {
+		_ = h.l.Unlisten(name) // ErrChannelNotOpen: nothing to do
+	}
 }
 
 // leave removes and closes ch; the last receiver of a channel unlistens,
@@ -325,7 +342,7 @@ func (h *pushHub) leave(name string, ch chan struct{}) {
 	}
 	delete(h.subs, name)
 	if len(h.subs) > 0 {
-		go func() { _ = h.l.Unlisten(name) }()
+		go h.sync(name)
 		return
 	}
 	delete(pushHubs.m, h.dsn)

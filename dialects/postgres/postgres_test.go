@@ -773,3 +773,49 @@ func TestListenPush(t *testing.T) {
 	})
 	waitFor(t, 5*time.Second, "the listening session to end", func() bool { return sessions() == 0 })
 }
+
+// TestListenPushChurn: subscriptions of one table that stop and start in
+// quick succession leave the table listened to, whatever order the LISTEN
+// and UNLISTEN of each change reach the server in.
+func TestListenPushChurn(t *testing.T) {
+	d := postgres.Dialect{ListenDSN: dsn(t)}
+	p, err := core.NewPlan(d, core.Table{Name: uniq("sxb_churn_")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, other := openDB(t, ""), openDB(t, "")
+	keep, stopKeep := context.WithCancel(context.Background())
+	defer stopKeep()
+	// Another table keeps the listener alive through the churn.
+	q, err := core.NewPlan(d, core.Table{Name: uniq("sxb_churn_")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Listen(keep, db, q); err != nil {
+		t.Fatal(err)
+	}
+	var ch <-chan struct{}
+	for i := 0; i < 50; i++ {
+		ctx, cancel := context.WithCancel(context.Background())
+		if ch, err = d.Listen(ctx, db, p); err != nil {
+			t.Fatal(err)
+		}
+		if i < 49 {
+			cancel()
+		} else {
+			defer cancel()
+		}
+	}
+	wake, args := d.WakeStatement(p)
+	waitFor(t, 5*time.Second, "a notification to the table that stopped and started 50 times", func() bool {
+		if _, err := other.Exec(wake, args...); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-ch:
+			return true
+		case <-time.After(50 * time.Millisecond):
+			return false
+		}
+	})
+}

@@ -155,9 +155,11 @@ func (Dialect) TryAdvisoryLock(ctx context.Context, conn *sqlx.Conn, key string)
 	return true, nil
 }
 
-// AdvisoryUnlock releases key.
+// AdvisoryUnlock releases key. It does so even when ctx has ended (a
+// completion out of time): the key lives in this process, not in the
+// connection's session, and would otherwise stay held for good.
 func (Dialect) AdvisoryUnlock(ctx context.Context, conn *sqlx.Conn, key string) error {
-	file, err := fileOf(ctx, conn)
+	file, err := fileOf(context.WithoutCancel(ctx), conn)
 	if err != nil {
 		return err
 	}

@@ -123,3 +123,40 @@ func TestRowLockUnavailable(t *testing.T) {
 		t.Fatalf("row-lock table on SQLite: %v, want a *FormError for the row-lock form", err)
 	}
 }
+
+// TestUnlockOutOfTime: a key is released even by a completion whose context
+// has ended: the keys live in the process, and one left held would keep its
+// rows from every later claim.
+func TestUnlockOutOfTime(t *testing.T) {
+	db, err := sqlite.Open(filepath.Join(t.TempDir(), "unlock.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	a, err := db.Connx(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := db.Connx(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	d := sqlite.Dialect{}
+	if ok, err := d.TryAdvisoryLock(ctx, a, "k"); !ok || err != nil {
+		t.Fatalf("lock k: %v %v", ok, err)
+	}
+	if ok, _ := d.TryAdvisoryLock(ctx, b, "k"); ok {
+		t.Fatal("k locked twice")
+	}
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := d.AdvisoryUnlock(done, a, "k"); err != nil {
+		t.Errorf("unlock with an ended context: %v", err)
+	}
+	if ok, err := d.TryAdvisoryLock(ctx, b, "k"); !ok || err != nil {
+		t.Errorf("after the unlock, k cannot be locked again: %v %v", ok, err)
+	}
+}
