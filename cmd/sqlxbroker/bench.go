@@ -173,11 +173,11 @@ func parseInts(s string) ([]int, error) {
 
 // printResults prints one line per run, as docs/performance.md shows them.
 func printResults(rs []bench.Result) {
-	fmt.Printf("\n| form | conc | rows | deliveries/s | p50 ms | p99 ms | peak conns | peak RSS MB | CPU us/delivery | commits/s | ratio | errors |\n")
-	fmt.Printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	fmt.Printf("\n| form | conc | rows | deliveries/s | p50 ms | p99 ms | peak conns | peak RSS MB | CPU us/delivery | commits/s | CPU us/commit | ratio | errors |\n")
+	fmt.Printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rs {
-		fmt.Printf("| %s | %d | %d | %.0f | %.2f | %.2f | %d | %.0f | %.1f | %.0f | %.2f | %d |\n",
-			r.Form, r.Concurrency, r.Rows, r.PerSecond, r.P50Ms, r.P99Ms, r.PeakConns, r.PeakRSSMB, r.CPUMicros, r.CommitsPerSec, r.Ratio, r.Errors)
+		fmt.Printf("| %s | %d | %d | %.0f | %.2f | %.2f | %d | %.0f | %.1f | %.0f | %.1f | %.2f | %d |\n",
+			r.Form, r.Concurrency, r.Rows, r.PerSecond, r.P50Ms, r.P99Ms, r.PeakConns, r.PeakRSSMB, r.CPUMicros, r.CommitsPerSec, r.CommitCPU, r.Ratio, r.Errors)
 	}
 	fmt.Printf("\n(commits/s: the raw commit loop over as many connections as the run's peak)\n")
 }
