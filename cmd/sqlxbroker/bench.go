@@ -52,7 +52,12 @@ func benchCmd(args []string) error {
 	asJSON := fs.Bool("json", false, "print one JSON line per run instead of the table")
 	svg := fs.String("svg", "", "write a chart of the runs (concurrency x deliveries/s) to this SVG file")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the drain (or steady phase) of the last run to this file")
+	from := fs.String("from", "", "draw --svg from this file of --json lines (all of them, or those whose dialect is --driver's) instead of running")
+	title := fs.String("title", "", "the chart's title")
 	_ = fs.Parse(args)
+	if *from != "" {
+		return chartFrom(*from, *driver, *svg, *title)
+	}
 	var profile io.Writer
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -121,8 +126,10 @@ func benchCmd(args []string) error {
 		if err != nil {
 			return err
 		}
-		title := fmt.Sprintf("sqlxbroker %s: %s, %d rows", *mode, d.Name(), *rows)
-		if err := bench.WriteSVG(out, title, results); err != nil {
+		if *title == "" {
+			*title = fmt.Sprintf("sqlxbroker %s: %s, %d rows", *mode, d.Name(), *rows)
+		}
+		if err := bench.WriteSVG(out, *title, results); err != nil {
 			out.Close()
 			return err
 		}
@@ -180,4 +187,49 @@ func printResults(rs []bench.Result) {
 			r.Form, r.Concurrency, r.Rows, r.PerSecond, r.P50Ms, r.P99Ms, r.PeakConns, r.PeakRSSMB, r.CPUMicros, r.CommitsPerSec, r.CommitCPU, r.Ratio, r.Errors)
 	}
 	fmt.Printf("\n(commits/s: the raw commit loop over as many connections as the run's peak)\n")
+}
+
+// chartFrom draws the runs of a file of --json lines as an SVG chart: all
+// of them, or those of the dialect registered for driver.
+func chartFrom(path, driver, svg, title string) error {
+	if svg == "" {
+		return fmt.Errorf("bench: --from needs --svg")
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	want := ""
+	if driver != "" {
+		d, err := sqlxbroker.Lookup(driver)
+		if err != nil {
+			return err
+		}
+		want = d.Name()
+	}
+	var rs []bench.Result
+	for i, line := range strings.Split(string(data), "\n") {
+		if strings.TrimSpace(line) == "" {
+			continue
+		}
+		var r bench.Result
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			return fmt.Errorf("bench: %s line %d: %w", path, i+1, err)
+		}
+		if want == "" || r.Dialect == want {
+			rs = append(rs, r)
+		}
+	}
+	out, err := os.Create(svg)
+	if err != nil {
+		return err
+	}
+	if title == "" {
+		title = "sqlxbroker bench"
+	}
+	if err := bench.WriteSVG(out, title, rs); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }

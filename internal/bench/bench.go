@@ -97,8 +97,8 @@ type Result struct {
 	CommitConns   int     `json:"commit_conns,omitempty"` // connections of the commit loop
 	CommitsPerSec float64 `json:"commits_per_sec,omitempty"`
 	CommitCPU     float64 `json:"cpu_us_per_commit,omitempty"` // this process's CPU per raw commit
-	Ratio         float64 `json:"ratio,omitempty"` // PerSecond / CommitsPerSec
-	Errors        int64   `json:"errors"`          // claim and completion errors, lost leases
+	Ratio         float64 `json:"ratio,omitempty"`             // PerSecond / CommitsPerSec
+	Errors        int64   `json:"errors"`                      // claim and completion errors, lost leases
 }
 
 func (c *Config) defaults() error {
@@ -204,9 +204,8 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 	}
 	if c.CommitDuration > 0 {
 		// As many connections as the run used: K for the row-lock and
-		// advisory forms, the lease form's few whatever K. Two loops of
-		// half the time, one on each side of a short pause, so a passing
-		// load on a shared machine weighs on both halves alike.
+		// advisory forms, the lease form's few whatever K. The rate is
+		// the mean of two loops of half the time each, on a fresh table.
 		r.CommitConns = max(1, r.PeakConns)
 		c.Logf("raw commit loop over %d connections for %v", r.CommitConns, c.CommitDuration)
 		half := c

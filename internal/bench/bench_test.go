@@ -71,13 +71,13 @@ func TestWriteSVG(t *testing.T) {
 		t.Fatal(err)
 	}
 	svg := b.String()
-	for _, want := range []string{"<svg", "PostgreSQL lease", "PostgreSQL row-lock", "PostgreSQL commits/s", "a &lt;sweep&gt;", "</svg>"} {
+	for _, want := range []string{"<svg", "PostgreSQL lease", "PostgreSQL row-lock", "PostgreSQL lease: raw commits/s", "a &lt;sweep&gt;", "</svg>"} {
 		if !strings.Contains(svg, want) {
 			t.Errorf("the chart lacks %q", want)
 		}
 	}
-	if strings.Count(svg, "<polyline") != 3 {
-		t.Errorf("%d lines, want 3 (two forms, one commit rate)", strings.Count(svg, "<polyline"))
+	if strings.Count(svg, "<polyline") != 4 {
+		t.Errorf("%d lines, want 4 (two forms, and the commit rate of each)", strings.Count(svg, "<polyline"))
 	}
 	if err := WriteSVG(&b, "empty", nil); err == nil {
 		t.Error("an empty sweep drew a chart")

@@ -9,29 +9,35 @@ import (
 )
 
 // WriteSVG draws a sweep as a line chart: deliveries per second (log scale)
-// over concurrency (log scale), one line per dialect and form, with the raw
-// commit rate of each dialect dashed.
+// over concurrency (log scale), one line per dialect and form, and dashed in
+// the same colour the raw commit rate its runs measured (over as many
+// connections as each run used).
 func WriteSVG(w io.Writer, title string, results []Result) error {
 	const (
-		width, height = 860, 500
-		left, right   = 80, 230
+		width, height = 930, 500
+		left, right   = 80, 300
 		top, bottom   = 50, 60
 	)
 	plotW, plotH := float64(width-left-right), float64(height-top-bottom)
 	type series struct {
 		name   string
 		dashed bool
+		color  int
 		pts    [][2]float64 // concurrency, per second
 	}
 	byName := map[string]*series{}
 	var order []string
-	add := func(name string, dashed bool, x, y float64) {
+	colorOf := map[string]int{} // dialect and form: colour index
+	add := func(name, group string, dashed bool, x, y float64) {
 		if y <= 0 || x <= 0 {
 			return
 		}
 		s := byName[name]
 		if s == nil {
-			s = &series{name: name, dashed: dashed}
+			if _, ok := colorOf[group]; !ok {
+				colorOf[group] = len(colorOf)
+			}
+			s = &series{name: name, dashed: dashed, color: colorOf[group]}
 			byName[name] = s
 			order = append(order, name)
 		}
@@ -40,8 +46,9 @@ func WriteSVG(w io.Writer, title string, results []Result) error {
 	minX, maxX, minY, maxY := math.Inf(1), math.Inf(-1), math.Inf(1), math.Inf(-1)
 	for _, r := range results {
 		x := float64(r.Concurrency)
-		add(r.Dialect+" "+r.Form, false, x, r.PerSecond)
-		add(r.Dialect+" commits/s", true, x, r.CommitsPerSec)
+		group := r.Dialect + " " + r.Form
+		add(group, group, false, x, r.PerSecond)
+		add(group+": raw commits/s", group, true, x, r.CommitsPerSec)
 		for _, y := range []float64{r.PerSecond, r.CommitsPerSec} {
 			if y > 0 {
 				minY, maxY = math.Min(minY, y), math.Max(maxY, y)
@@ -93,7 +100,7 @@ func WriteSVG(w io.Writer, title string, results []Result) error {
 	for i, name := range order {
 		s := byName[name]
 		sort.Slice(s.pts, func(a, c int) bool { return s.pts[a][0] < s.pts[c][0] })
-		col := colors[i%len(colors)]
+		col := colors[s.color%len(colors)]
 		dash := ""
 		if s.dashed {
 			dash = ` stroke-dasharray="5 4"`
