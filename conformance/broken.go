@@ -2,8 +2,6 @@ package conformance
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"strings"
 	"time"
 
@@ -137,15 +135,7 @@ func (tg *Target) nullableAttempt(t TB, db *sqlx.DB, f core.Form) core.Table {
 	if tg.CreateTable != nil {
 		return tg.fresh(t, db, f, nil)
 	}
-	var rnd [4]byte
-	_, _ = rand.Read(rnd[:])
-	tb := core.Table{Name: "cf_" + hex.EncodeToString(rnd[:]), ReadyAt: "ready_at", DeadAt: "dead_at"}
-	switch f {
-	case core.Lease:
-		tb.LockedUntil, tb.Lease = "locked_until", 2*time.Second
-	case core.Advisory:
-		tb.AdvisoryLock = "acct-{acct}"
-	}
+	tb := suiteTable(f)
 	b := sqlxbroker.OpenDialect(db, tg.Dialect)
 	stmts, err := b.TableDDL(tb, suitePayload...)
 	if err != nil {

@@ -183,9 +183,9 @@ func (tg *Target) fresh(t TB, db *sqlx.DB, f core.Form, edit func(*core.Table)) 
 	return tg.freshWith(t, db, f, edit, suitePayload)
 }
 
-// freshWith is fresh with other payload columns.
-func (tg *Target) freshWith(t TB, db *sqlx.DB, f core.Form, edit func(*core.Table), payload [][2]string) core.Table {
-	t.Helper()
+// suiteTable returns a description of a freshly named table of the suite
+// for form f (a 2 s lease; the key "acct-{acct}"), not yet created.
+func suiteTable(f core.Form) core.Table {
 	var rnd [4]byte
 	_, _ = rand.Read(rnd[:])
 	tb := core.Table{Name: "cf_" + hex.EncodeToString(rnd[:]), ReadyAt: "ready_at", DeadAt: "dead_at"}
@@ -195,6 +195,13 @@ func (tg *Target) freshWith(t TB, db *sqlx.DB, f core.Form, edit func(*core.Tabl
 	case core.Advisory:
 		tb.AdvisoryLock = "acct-{acct}"
 	}
+	return tb
+}
+
+// freshWith is fresh with other payload columns.
+func (tg *Target) freshWith(t TB, db *sqlx.DB, f core.Form, edit func(*core.Table), payload [][2]string) core.Table {
+	t.Helper()
+	tb := suiteTable(f)
 	if edit != nil {
 		edit(&tb)
 	}
