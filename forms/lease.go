@@ -31,7 +31,7 @@ type lease struct {
 	// channel, so a thousand handlers completing at once do not contend
 	// for one channel's lock.
 	qmu    sync.Mutex
-	queue  []*leaseDone
+	queue  []*leaseClaim
 	closed bool          // the completer has stopped: complete alone
 	queued chan struct{} // cap 1: the queue is not empty
 }
@@ -139,7 +139,7 @@ func (f *lease) claimOn(ctx context.Context, q core.Querier, tx *sqlx.Tx, now ti
 	out := make([]core.Claim, len(ds))
 	f.mu.Lock()
 	for i, d := range ds {
-		c := &leaseClaim{f: f, d: d, token: deadline, lost: make(chan struct{})}
+		c := &leaseClaim{f: f, d: d, token: deadline}
 		c.timer = time.AfterFunc(time.Until(deadline), c.expire)
 		f.active[c] = struct{}{}
 		out[i] = c
@@ -155,45 +155,59 @@ type leaseClaim struct {
 	mu       sync.Mutex
 	token    time.Time // the deadline the row holds for us
 	timer    *time.Timer
-	finished bool // completion started: renewal stops
-	lostOnce sync.Once
-	lost     chan struct{}
-	onLost   func() // called once the lease is lost
+	finished bool          // completion started: renewal stops
+	wasLost  bool          // the lease was lost
+	lost     chan struct{} // made by the first Lost, closed once lost
+	onLost   func()        // called once the lease is lost
+
+	// The completion, while it waits in the completer's queue.
+	o     core.Outcome
+	reply chan error
 }
 
 func (c *leaseClaim) Delivery() *core.Delivery { return c.d }
-func (c *leaseClaim) Lost() <-chan struct{}    { return c.lost }
 
-// markLost closes lost and runs the OnLost function. The caller holds c.mu.
-func (c *leaseClaim) markLost() {
-	c.lostOnce.Do(func() {
-		close(c.lost)
-		if c.onLost != nil {
-			c.onLost()
+// Lost returns a channel closed once the lease is lost (made on demand: the
+// engine is told through OnLost instead).
+func (c *leaseClaim) Lost() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.lost == nil {
+		c.lost = make(chan struct{})
+		if c.wasLost {
+			close(c.lost)
 		}
-	})
+	}
+	return c.lost
 }
 
-// isLost reports whether the lease was lost.
-func (c *leaseClaim) isLost() bool {
-	select {
-	case <-c.lost:
-		return true
-	default:
-		return false
+// markLost records the loss, closes lost and runs the OnLost function. The
+// caller holds c.mu.
+func (c *leaseClaim) markLost() {
+	if c.wasLost {
+		return
+	}
+	c.wasLost = true
+	if c.lost != nil {
+		close(c.lost)
+	}
+	if c.onLost != nil {
+		c.onLost()
 	}
 }
+
+// isLost reports whether the lease was lost. The caller holds c.mu.
+func (c *leaseClaim) isLost() bool { return c.wasLost }
 
 // OnLost runs fn when the lease is lost (core.LostNotifier).
 func (c *leaseClaim) OnLost(fn func()) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	select {
-	case <-c.lost:
+	if c.wasLost {
 		fn()
-	default:
-		c.onLost = fn
+		return
 	}
+	c.onLost = fn
 }
 
 // expire fires when the deadline passes without a renewal: another claim may
@@ -228,13 +242,13 @@ func (c *leaseClaim) finish() time.Time {
 // leaves the row to come back when its lease runs out.
 func (c *leaseClaim) Complete(ctx context.Context, o core.Outcome) error {
 	f := c.f
-	req := &leaseDone{claim: c, o: o, reply: make(chan error, 1)}
+	c.o, c.reply = o, make(chan error, 1)
 	f.qmu.Lock()
 	if f.closed {
 		f.qmu.Unlock()
 		return f.completeOne(ctx, c, o)
 	}
-	f.queue = append(f.queue, req)
+	f.queue = append(f.queue, c)
 	f.qmu.Unlock()
 	if len(f.queued) == 0 {
 		select {
@@ -243,7 +257,7 @@ func (c *leaseClaim) Complete(ctx context.Context, o core.Outcome) error {
 		}
 	}
 	select {
-	case err := <-req.reply:
+	case err := <-c.reply:
 		return err
 	case <-ctx.Done():
 		return ctx.Err()
@@ -471,12 +485,6 @@ func minTime(a, b time.Time) time.Time {
 	return a
 }
 
-type leaseDone struct {
-	claim *leaseClaim
-	o     core.Outcome
-	reply chan error
-}
-
 // LeaseConnections is the most connections of its pool a lease-form
 // subscription uses at once, whatever its concurrency: one claims, flushers
 // write completions, one renews. (On PostgreSQL a pool's listening
@@ -501,7 +509,7 @@ func (f *lease) completer() {
 	var flushing sync.WaitGroup
 	defer flushing.Wait()
 	sem := make(chan struct{}, flushers)
-	take := func() []*leaseDone {
+	take := func() []*leaseClaim {
 		f.qmu.Lock()
 		defer f.qmu.Unlock()
 		n := min(len(f.queue), maxBatch)
@@ -543,17 +551,17 @@ func (f *lease) completer() {
 
 // flush records a batch: the successes in one fenced statement, every other
 // outcome alone, and answers each request.
-func (f *lease) flush(batch []*leaseDone) {
+func (f *lease) flush(batch []*leaseClaim) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var wins []*leaseDone
+	var wins []*leaseClaim
 	seen := make(map[string]bool, len(batch))
 	for _, r := range batch {
-		id := idKey(r.claim.d.ID())
+		id := idKey(r.d.ID())
 		if r.o.Kind != core.Succeeded || seen[id] {
 			// A row claimed twice by this form (its first lease lost)
 			// cannot be fenced twice in one statement.
-			r.reply <- f.completeOne(ctx, r.claim, r.o)
+			r.reply <- f.completeOne(ctx, r, r.o)
 			continue
 		}
 		seen[id] = true
@@ -571,13 +579,11 @@ func (f *lease) flush(batch []*leaseDone) {
 // succeed completes successful deliveries together: deleted, or marked done
 // when the table has a DoneAt column. Per request: nil, ErrLeaseLost, or
 // the statement's error.
-func (f *lease) succeed(ctx context.Context, batch []*leaseDone) []error {
+func (f *lease) succeed(ctx context.Context, batch []*leaseClaim) []error {
 	p := f.plan
-	claims := make([]*leaseClaim, len(batch))
 	tokens := make([]time.Time, len(batch))
-	for i, r := range batch {
-		claims[i] = r.claim
-		tokens[i] = r.claim.finish()
+	for i, c := range batch {
+		tokens[i] = c.finish()
 	}
 	head, args := "DELETE FROM "+p.QTable, []any(nil)
 	returning := p.Dialect.Features().DeleteReturning
@@ -586,7 +592,7 @@ func (f *lease) succeed(ctx context.Context, batch []*leaseDone) []error {
 		args = []any{p.Time(core.Now())}
 		returning = p.Dialect.Features().UpdateReturning
 	}
-	hit, err := f.fencedBatch(ctx, head, args, returning, claims, tokens)
+	hit, err := f.fencedBatch(ctx, head, args, returning, batch, tokens)
 	errs := make([]error, len(batch))
 	for i := range errs {
 		switch {
