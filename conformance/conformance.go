@@ -34,7 +34,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -170,8 +169,6 @@ func Run(t *testing.T, tg Target) {
 		t.Run("VersionGate", func(t *testing.T) { VersionGate(t, &tg) })
 	}
 }
-
-var nameRE = regexp.MustCompile(`[^a-z0-9_]`)
 
 // suitePayload are the payload columns of the suite's tables.
 var suitePayload = [][2]string{{"acct", "text"}, {"grp", "text"}, {"body", "text"}}

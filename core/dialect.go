@@ -98,11 +98,9 @@ type LeaseClaimParams struct {
 }
 
 // Querier is what a claim runs its statements on: the claim transaction, a
-// *sqlx.Tx, or for a claim of one statement the pool, a *sqlx.DB.
-type Querier interface {
-	sqlx.QueryerContext
-	sqlx.ExecerContext
-}
+// *sqlx.Tx, or for a claim of one statement the pool, a *sqlx.DB (sqlx's
+// ExtContext, which both implement).
+type Querier = sqlx.ExtContext
 
 // Leaser is the capability of the Lease form.
 type Leaser interface {

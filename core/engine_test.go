@@ -25,11 +25,16 @@ func (f *memForm) Plan() *core.Plan                { return f.plan }
 func (f *memForm) Start(ctx context.Context) error { return nil }
 func (f *memForm) Close() error                    { return nil }
 func (f *memForm) Claim(ctx context.Context, max int) ([]core.Claim, error) {
-	n := min(int64(max), f.left.Load())
-	if n <= 0 {
-		return nil, nil
+	var n int64
+	for { // claims run at once: take rows with a compare-and-swap
+		left := f.left.Load()
+		if n = min(int64(max), left); n <= 0 {
+			return nil, nil
+		}
+		if f.left.CompareAndSwap(left, left-n) {
+			break
+		}
 	}
-	f.left.Add(-n)
 	out := make([]core.Claim, n)
 	for i := range out {
 		c := &memClaim{f: f, d: core.NewDelivery(int64(i), 1, "", nil, nil)}

@@ -86,7 +86,9 @@ type ClaimForm interface {
 	Start(ctx context.Context) error
 	// Claim claims up to max ready rows (max >= 1). Zero claims and a nil
 	// error mean nothing is ready. Claims already made are returned even
-	// when a later one fails.
+	// when a later one fails. Claim is called from several goroutines at
+	// once (a form that does not batch its claims is asked by each worker
+	// for its next row), and no row may be claimed twice.
 	Claim(ctx context.Context, max int) ([]Claim, error)
 	// Close stops the form's background work (lease renewal) and releases
 	// what Start took. Claims not completed stay as the form left them:

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/conformance"
 	"github.com/sqlxbroker/sqlxbroker/core"
@@ -21,19 +22,7 @@ import (
 func TestRenewalAfterALostLease(t *testing.T) {
 	const lease = time.Second
 	ctx := context.Background()
-	db, err := sqlite.Open(filepath.Join(t.TempDir(), "renewal.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	b, err := sqlxbroker.Open(db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tb := sqlxbroker.Table{Name: "jobs", LockedUntil: "locked_until", Lease: lease}
-	if err := b.CreateTable(ctx, tb, [2]string{"account", "text"}); err != nil {
-		t.Fatal(err)
-	}
+	db, b, tb := leaseTable(t, lease)
 	if err := b.Publish(ctx, db, tb, map[string]any{"account": "a"}, map[string]any{"account": "b"}); err != nil {
 		t.Fatal(err)
 	}
@@ -100,19 +89,7 @@ func TestRenewalAfterALostLease(t *testing.T) {
 func TestCompleteThatGivesUpStopsRenewal(t *testing.T) {
 	const lease, rows = time.Second, 16
 	ctx := context.Background()
-	db, err := sqlite.Open(filepath.Join(t.TempDir(), "giveup.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	b, err := sqlxbroker.Open(db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tb := sqlxbroker.Table{Name: "jobs", LockedUntil: "locked_until", Lease: lease}
-	if err := b.CreateTable(ctx, tb, [2]string{"account", "text"}); err != nil {
-		t.Fatal(err)
-	}
+	db, b, tb := leaseTable(t, lease)
 	msgs := make([]any, rows)
 	for i := range msgs {
 		msgs[i] = map[string]any{"account": "a"}
@@ -147,4 +124,24 @@ func TestCompleteThatGivesUpStopsRenewal(t *testing.T) {
 		}
 		return held == 0
 	})
+}
+
+// leaseTable opens a new SQLite database with a lease table "jobs" (an
+// account column) and returns it with its broker.
+func leaseTable(t *testing.T, lease time.Duration) (*sqlx.DB, *sqlxbroker.Broker, sqlxbroker.Table) {
+	t.Helper()
+	db, err := sqlite.Open(filepath.Join(t.TempDir(), "lease.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	b, err := sqlxbroker.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := sqlxbroker.Table{Name: "jobs", LockedUntil: "locked_until", Lease: lease}
+	if err := b.CreateTable(context.Background(), tb, [2]string{"account", "text"}); err != nil {
+		t.Fatal(err)
+	}
+	return db, b, tb
 }

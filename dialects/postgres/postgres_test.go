@@ -626,14 +626,7 @@ func TestListen(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	received := func() bool {
-		select {
-		case <-ch:
-			return true
-		default:
-			return false
-		}
-	}
+	received := func() bool { return polled(ch) }
 	received() // the start pokes every receiver
 	notify()
 	waitFor(t, time.Second, "a notification", received)
@@ -645,14 +638,7 @@ func TestListen(t *testing.T) {
 	waitFor(t, time.Second, "a notification after the reconnect", received)
 
 	cancel()
-	waitFor(t, time.Second, "the channel to close", func() bool {
-		select {
-		case _, ok := <-ch:
-			return !ok
-		default:
-			return false
-		}
-	})
+	waitFor(t, time.Second, "the channel to close", func() bool { return closed(ch) })
 	// The last receiver gone, the listening connection leaves the pool.
 	waitFor(t, 2*time.Second, "the listening connection to close", func() bool { return db.Stats().InUse == 0 })
 }
@@ -714,14 +700,7 @@ func TestListenPush(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	received := func() bool {
-		select {
-		case <-ch:
-			return true
-		default:
-			return false
-		}
-	}
+	received := func() bool { return polled(ch) }
 	sessions := func() int {
 		var n int
 		if err := other.Get(&n, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", app); err != nil {
@@ -763,14 +742,7 @@ func TestListenPush(t *testing.T) {
 	waitFor(t, time.Second, "a notification after the reconnect", received)
 
 	cancel()
-	waitFor(t, time.Second, "the channel to close", func() bool {
-		select {
-		case _, ok := <-ch:
-			return !ok
-		default:
-			return false
-		}
-	})
+	waitFor(t, time.Second, "the channel to close", func() bool { return closed(ch) })
 	waitFor(t, 5*time.Second, "the listening session to end", func() bool { return sessions() == 0 })
 }
 
@@ -818,4 +790,24 @@ func TestListenPushChurn(t *testing.T) {
 			return false
 		}
 	})
+}
+
+// polled reports whether a wake-up waits on ch, taking it.
+func polled(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// closed reports whether ch is closed (a wake-up waiting on it is taken).
+func closed(ch <-chan struct{}) bool {
+	select {
+	case _, ok := <-ch:
+		return !ok
+	default:
+		return false
+	}
 }
