@@ -54,6 +54,16 @@ func (d *Delivery) WithTx(tx *sqlx.Tx, savepoint func(*sqlx.Tx) error) {
 // TxUsed reports whether the handler asked for the transaction.
 func (d *Delivery) TxUsed() bool { return d.txMarked }
 
+// SealTx ends the handler's access to the transaction: from now on Tx
+// returns sql.ErrTxDone. It reports whether the handler asked for the
+// transaction before (TxUsed). The row-lock form seals a delivery before
+// it reuses its transaction for the next (TxChainer), so a handler that
+// kept its delivery cannot write into another delivery's transaction.
+func (d *Delivery) SealTx() (used bool) {
+	d.txOnce.Do(func() { d.txErr = sql.ErrTxDone })
+	return d.txMarked
+}
+
 // ID returns the row's primary key as the driver returned it.
 func (d *Delivery) ID() any { return d.id }
 

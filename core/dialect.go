@@ -188,6 +188,22 @@ type TableChecker interface {
 	CheckTable(ctx context.Context, db *sqlx.DB, p *Plan) error
 }
 
+// TxChainer is an optional capability of a RowLocker dialect: the server
+// commits a transaction and opens the next, with the same isolation and
+// access mode, in one statement (COMMIT AND CHAIN). The row-lock form then
+// keeps a worker's claim transaction, and its connection, from one delivery
+// to the next: a delivery costs its claim, its completion and the chained
+// commit, with no BEGIN. The form chains only a transaction whose handler
+// never asked for it (Delivery.Tx), and rolls back a chained transaction
+// that finds no row, so a connection is not kept for a table that is empty.
+//
+// ChainCommit is called once, when a subscription starts. It returns the
+// statement, or "" when the server connected to has none (PostgreSQL
+// before 12); an error only when the server could not be asked.
+type TxChainer interface {
+	ChainCommit(ctx context.Context, db *sqlx.DB) (string, error)
+}
+
 // ClaimBeginner is an optional capability: BeginClaim opens claim
 // transactions (SQLite opens them IMMEDIATE). Without it the forms call
 // db.BeginTxx with the claim isolation.
@@ -234,6 +250,7 @@ type Capabilities struct {
 	ServerChecker    ServerChecker
 	TableChecker     TableChecker
 	ClaimBeginner    ClaimBeginner
+	TxChainer        TxChainer
 	Waker            Waker
 	TableCreator     TableCreator
 }
@@ -251,6 +268,7 @@ func CapabilitiesOf(d Dialect) Capabilities {
 	c.ServerChecker, _ = d.(ServerChecker)
 	c.TableChecker, _ = d.(TableChecker)
 	c.ClaimBeginner, _ = d.(ClaimBeginner)
+	c.TxChainer, _ = d.(TxChainer)
 	c.Waker, _ = d.(Waker)
 	c.TableCreator, _ = d.(TableCreator)
 	return c

@@ -33,6 +33,9 @@ type SubscribeParams struct {
 	Wake <-chan struct{}
 	// OnOutcome, when set, is called after each completion with the
 	// outcome asked for and the completion's error (nil when recorded).
+	// It runs on the goroutine that learnt the result: the handler's, or
+	// for a form that writes completions in batches (AsyncCompleter) the
+	// form's, so it should not block.
 	OnOutcome func(d *Delivery, o Outcome, err error)
 	// Logger receives claim and completion errors; default slog.Default().
 	Logger *slog.Logger
@@ -115,8 +118,10 @@ type Subscription struct {
 	idleMu     sync.Mutex
 	idle       []idler // idle workers, the first idle first
 	idleClosed bool    // claims have stopped: workers end
-	inflight   atomic.Int64
-	handlers   sync.WaitGroup
+	inflight   atomic.Int64   // deliveries whose handler or completion runs
+	pending    atomic.Int64   // completions queued by AsyncCompleter
+	handlers   sync.WaitGroup // workers
+	queued     sync.WaitGroup // completions queued by AsyncCompleter
 	loopDone   chan struct{}
 	done       chan struct{}
 	stopOnce   sync.Once
@@ -178,7 +183,7 @@ func (s *Subscription) Stats() Stats {
 }
 
 // InFlight is the number of deliveries whose handler or completion runs.
-func (s *Subscription) InFlight() int { return int(s.inflight.Load()) }
+func (s *Subscription) InFlight() int { return int(s.inflight.Load() + s.pending.Load()) }
 
 // Stop stops claiming and waits for the handlers in work to finish and their
 // outcomes to be recorded. When ctx ends first, the handlers' contexts are
@@ -192,7 +197,7 @@ func (s *Subscription) Stop(ctx context.Context) error {
 		<-s.loopDone
 		s.closeIdle()
 		finished := make(chan struct{})
-		go func() { s.handlers.Wait(); close(finished) }()
+		go func() { s.handlers.Wait(); s.queued.Wait(); close(finished) }()
 		select {
 		case <-finished:
 		case <-ctx.Done():
@@ -432,7 +437,24 @@ func (s *Subscription) run(ctx *handlerCtx, c Claim) {
 	}
 	err := s.call(ctx, d)
 	o := s.outcome(d, err)
-	cerr := c.Complete(s.completeBy.get(), o)
+	cctx := s.completeBy.get()
+	if ac, ok := c.(AsyncCompleter); ok {
+		if s.pending.Add(1) <= int64(s.p.Concurrency) {
+			s.queued.Add(1)
+			ac.CompleteAsync(cctx, o, func(cerr error) {
+				s.record(d, o, cerr)
+				s.pending.Add(-1)
+				s.queued.Done()
+			})
+			return
+		}
+		s.pending.Add(-1)
+	}
+	s.record(d, o, c.Complete(cctx, o))
+}
+
+// record counts and logs a delivery's completion.
+func (s *Subscription) record(d *Delivery, o Outcome, cerr error) {
 	switch {
 	case cerr == nil:
 		switch o.Kind {

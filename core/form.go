@@ -66,6 +66,18 @@ type LostNotifier interface {
 	OnLost(f func())
 }
 
+// AsyncCompleter is an optional interface of a Claim whose completions are
+// queued and written together (the lease form). CompleteAsync records o as
+// Complete does, but returns at once and calls done with what Complete
+// would have returned once the outcome is written (or failed), from
+// another goroutine; done is called exactly once, and the form must bound
+// how long that takes. The engine then frees the handler at once, so claims
+// go on while completions wait for their batch; it keeps at most
+// Concurrency completions waiting this way, and Stop waits for them.
+type AsyncCompleter interface {
+	CompleteAsync(ctx context.Context, o Outcome, done func(error))
+}
+
 // Batching is an optional interface of a ClaimForm. A form whose claim is
 // one statement however many rows it takes (the lease form) reports true:
 // while work is in flight the engine then waits for half a batch of free

@@ -17,6 +17,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/sqlxbroker/sqlxbroker/core"
@@ -24,7 +26,7 @@ import (
 
 // New returns the claim form p's table selects, bound to db.
 func New(db *sqlx.DB, p *core.Plan) (core.ClaimForm, error) {
-	b := base{db: db, plan: p}
+	b := base{db: db, plan: p, scan: &cursor{}}
 	switch f := p.Table.Form(); f {
 	case core.RowLock:
 		if p.Caps.RowLocker == nil {
@@ -50,6 +52,62 @@ func New(db *sqlx.DB, p *core.Plan) (core.ClaimForm, error) {
 type base struct {
 	db   *sqlx.DB
 	plan *core.Plan
+	scan *cursor
+}
+
+// fullScanEvery is how often a busy form's claims scan the table from its
+// first row rather than from the cursor (see cursor).
+const fullScanEvery = 100 * time.Millisecond
+
+// cursor keeps where the last claims found rows in the order column, so
+// the next claims start there. A busy queue leaves the rows it just
+// finished at the head of the order index (deleted or marked done, but not
+// yet purged or vacuumed while newer transactions run) and the rows in
+// work there too (locked or leased): a claim that started from the first
+// row would step over all of them, every time, and a drain would spend most
+// of the server's time doing so. A row that becomes claimable behind the
+// cursor (a retry at once, a released claim, an expired lease, a row
+// committed late with a lower order value) is found by the next full scan:
+// one every fullScanEvery, and whenever a scan from the cursor finds
+// nothing. At a low claim rate every claim is a full scan.
+type cursor struct {
+	mu   sync.Mutex
+	at   any       // the order value of the last row claimed; nil: none
+	full time.Time // when the last full scan started
+}
+
+// from returns the condition and args that start a claim at the cursor
+// (over alias), or "" for a full scan, which it then counts as started.
+func (c *cursor) from(p *core.Plan, alias string) (string, []any) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	if c.at == nil || now.Sub(c.full) >= fullScanEvery {
+		c.full = now
+		return "", nil
+	}
+	return " AND " + alias + "." + p.QOrder + " >= ?", []any{c.at}
+}
+
+// advance moves the cursor to the order value v of a row just claimed.
+func (c *cursor) advance(v any) {
+	if v == nil {
+		return
+	}
+	if b, ok := v.([]byte); ok {
+		v = string(b) // the driver may reuse the buffer
+	}
+	c.mu.Lock()
+	c.at = v
+	c.mu.Unlock()
+}
+
+// reset makes the next claim a full scan: a scan from the cursor found
+// nothing.
+func (c *cursor) reset() {
+	c.mu.Lock()
+	c.at = nil
+	c.mu.Unlock()
 }
 
 func (b *base) Plan() *core.Plan { return b.plan }

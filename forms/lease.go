@@ -112,16 +112,36 @@ func (f *lease) claimOn(ctx context.Context, q core.Querier, tx *sqlx.Tx, now ti
 		where += " AND " + p.Alias + "." + p.QID + " IN (?" + strings.Repeat(", ?", len(ids)-1) + ")"
 		args = append(args, ids...)
 	}
-	rs, err := p.Caps.Leaser.ClaimLeases(ctx, q, &core.LeaseClaimParams{Plan: p, Where: where, Args: args, Limit: max, Deadline: p.Time(deadline)})
-	if err != nil {
-		return nil, fmt.Errorf("sqlxbroker: lease claim on %s: %w", p.Table.Name, err)
-	}
-	rows, err := readRows(rs)
-	if err != nil {
-		return nil, fmt.Errorf("sqlxbroker: lease claim on %s: %w", p.Table.Name, err)
+	var rows []row
+	for {
+		// Outside FIFO tables, from the cursor first (see cursor); when
+		// that finds nothing, from the start.
+		from, fromArgs := "", []any(nil)
+		if p.QGroup == "" {
+			from, fromArgs = f.scan.from(p, p.Alias)
+		}
+		rs, err := p.Caps.Leaser.ClaimLeases(ctx, q, &core.LeaseClaimParams{Plan: p, Where: where + from, Args: append(args, fromArgs...), Limit: max, Deadline: p.Time(deadline)})
+		if err == nil {
+			rows, err = readRows(rs)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("sqlxbroker: lease claim on %s: %w", p.Table.Name, err)
+		}
+		if from == "" || len(rows) == max {
+			break
+		}
+		// Fewer rows ahead of the cursor than asked: the next claim
+		// scans from the start, and at once if none were found.
+		f.scan.reset()
+		if len(rows) > 0 {
+			break
+		}
 	}
 	if len(rows) == 0 {
 		return nil, nil
+	}
+	if p.QGroup == "" && len(rows) == max {
+		f.scan.advance(rows[len(rows)-1].get(p.Table.OrderColumn()))
 	}
 	ds := make([]*core.Delivery, len(rows))
 	for i := range rows {
@@ -160,9 +180,20 @@ type leaseClaim struct {
 	lost     chan struct{} // made by the first Lost, closed once lost
 	onLost   func()        // called once the lease is lost
 
-	// The completion, while it waits in the completer's queue.
+	// The completion, while it waits in the completer's queue: its
+	// result goes to reply (Complete) or done (CompleteAsync).
 	o     core.Outcome
 	reply chan error
+	done  func(error)
+}
+
+// answer hands the completion's result to whoever waits for it.
+func (c *leaseClaim) answer(err error) {
+	if c.done != nil {
+		c.done(err)
+		return
+	}
+	c.reply <- err
 }
 
 func (c *leaseClaim) Delivery() *core.Delivery { return c.d }
@@ -241,12 +272,35 @@ func (c *leaseClaim) finish() time.Time {
 // more: a completion that gave up (ctx ended before the completer took it)
 // leaves the row to come back when its lease runs out.
 func (c *leaseClaim) Complete(ctx context.Context, o core.Outcome) error {
-	f := c.f
 	c.o, c.reply = o, make(chan error, 1)
+	if !c.enqueue() {
+		return c.f.completeOne(ctx, c, o)
+	}
+	select {
+	case err := <-c.reply:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// CompleteAsync queues the completion as Complete does and returns at once;
+// the completer calls done with the result (core.AsyncCompleter). A flush
+// is bounded by its own timeout, so done is always called.
+func (c *leaseClaim) CompleteAsync(ctx context.Context, o core.Outcome, done func(error)) {
+	c.o, c.done = o, done
+	if !c.enqueue() {
+		done(c.f.completeOne(ctx, c, o))
+	}
+}
+
+// enqueue puts c in the completer's queue; false once the form is closed.
+func (c *leaseClaim) enqueue() bool {
+	f := c.f
 	f.qmu.Lock()
 	if f.closed {
 		f.qmu.Unlock()
-		return f.completeOne(ctx, c, o)
+		return false
 	}
 	f.queue = append(f.queue, c)
 	f.qmu.Unlock()
@@ -256,12 +310,7 @@ func (c *leaseClaim) Complete(ctx context.Context, o core.Outcome) error {
 		default:
 		}
 	}
-	select {
-	case err := <-c.reply:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return true
 }
 
 // completeOne records o for one claim, fenced by its token.
@@ -561,7 +610,7 @@ func (f *lease) flush(batch []*leaseClaim) {
 		if r.o.Kind != core.Succeeded || seen[id] {
 			// A row claimed twice by this form (its first lease lost)
 			// cannot be fenced twice in one statement.
-			r.reply <- f.completeOne(ctx, r, r.o)
+			r.answer(f.completeOne(ctx, r, r.o))
 			continue
 		}
 		seen[id] = true
@@ -572,7 +621,7 @@ func (f *lease) flush(batch []*leaseClaim) {
 	}
 	errs := f.succeed(ctx, wins)
 	for i, r := range wins {
-		r.reply <- errs[i]
+		r.answer(errs[i])
 	}
 }
 

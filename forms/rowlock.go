@@ -2,7 +2,6 @@ package forms
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 
@@ -19,6 +18,22 @@ type rowLock struct {
 	base
 	life   context.Context
 	cancel context.CancelFunc
+
+	chain  string // the dialect's COMMIT AND CHAIN (TxChainer); "" for none
+	mu     sync.Mutex
+	spares []*claimTx // chained transactions waiting for their next claim
+}
+
+// claimTx is a claim transaction and the context its life is bound to.
+type claimTx struct {
+	tx     *sqlx.Tx
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func (t *claimTx) rollback() {
+	_ = t.tx.Rollback()
+	t.cancel()
 }
 
 func newRowLock(b base) *rowLock {
@@ -27,12 +42,67 @@ func newRowLock(b base) *rowLock {
 	return f
 }
 
-func (f *rowLock) Form() core.Form                 { return core.RowLock }
-func (f *rowLock) Start(ctx context.Context) error { return f.start(ctx, core.RowLock) }
+func (f *rowLock) Form() core.Form { return core.RowLock }
+
+func (f *rowLock) Start(ctx context.Context) error {
+	if err := f.start(ctx, core.RowLock); err != nil {
+		return err
+	}
+	if c := f.plan.Caps.TxChainer; c != nil {
+		chain, err := c.ChainCommit(ctx, f.db)
+		if err != nil {
+			return fmt.Errorf("sqlxbroker: row-lock form on %s: %w", f.plan.Table.Name, err)
+		}
+		f.chain = chain
+	}
+	return nil
+}
 
 // Close rolls back every claim transaction still open: those rows are
 // claimable again at once, their attempts uncounted.
-func (f *rowLock) Close() error { f.cancel(); return nil }
+func (f *rowLock) Close() error {
+	f.cancel()
+	f.dropSpares()
+	return nil
+}
+
+// spare returns a chained transaction waiting for a claim, or nil.
+func (f *rowLock) spare() *claimTx {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := len(f.spares)
+	if n == 0 {
+		return nil
+	}
+	t := f.spares[n-1]
+	f.spares = f.spares[:n-1]
+	return t
+}
+
+// keep keeps a chained transaction for the next claim.
+func (f *rowLock) keep(t *claimTx) {
+	f.mu.Lock()
+	if f.life.Err() == nil {
+		f.spares = append(f.spares, t)
+		t = nil
+	}
+	f.mu.Unlock()
+	if t != nil {
+		t.rollback()
+	}
+}
+
+// dropSpares rolls back every chained transaction waiting for a claim: the
+// table had nothing ready, so their connections go back to the pool.
+func (f *rowLock) dropSpares() {
+	f.mu.Lock()
+	spares := f.spares
+	f.spares = nil
+	f.mu.Unlock()
+	for _, t := range spares {
+		t.rollback()
+	}
+}
 
 const savepoint = "sqlxbroker_handler"
 
@@ -101,28 +171,61 @@ func (f *rowLock) claimOne(ctx context.Context) (core.Claim, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, nil
 	}
-	p := f.plan
-	txCtx, txCancel := context.WithCancel(f.life)
-	tx, err := f.begin(txCtx)
+	// A chained transaction saves a BEGIN; one that fails (its session
+	// ended while it waited) is dropped for a new transaction.
+	if t := f.spare(); t != nil {
+		c, err := f.claimIn(ctx, t)
+		if err == nil {
+			return c, nil
+		}
+		if ctx.Err() != nil {
+			return nil, nil
+		}
+	}
+	t := &claimTx{}
+	t.ctx, t.cancel = context.WithCancel(f.life)
+	tx, err := f.begin(t.ctx)
 	if err != nil {
-		txCancel()
+		t.cancel()
 		return nil, fmt.Errorf("sqlxbroker: begin claim: %w", err)
 	}
+	t.tx = tx
+	return f.claimIn(ctx, t)
+}
+
+// claimIn claims one row in t. It rolls t back when it finds none, and then
+// every chained transaction waiting too: nothing is ready.
+func (f *rowLock) claimIn(ctx context.Context, t *claimTx) (core.Claim, error) {
+	p := f.plan
 	fail := func(err error) (core.Claim, error) {
-		_ = tx.Rollback()
-		txCancel()
+		t.rollback()
+		if err == nil {
+			f.dropSpares()
+		}
 		return nil, err
 	}
 	where, args := p.Ready(p.Alias, core.Now())
-	lockSQL := "SELECT * FROM " + p.QTable + " " + p.Alias + " WHERE " + where
 	var rows []row
+	var err error
 	if p.QGroup != "" && p.Caps.GroupGuard != nil {
-		rows, err = f.claimHead(ctx, tx, where, args)
+		rows, err = f.claimHead(ctx, t.tx, where, args)
 	} else {
-		var r *sqlx.Rows
-		r, err = tx.QueryxContext(ctx, p.Rebind(lockSQL+" ORDER BY "+p.OrderBy(p.Alias)+" LIMIT 1 "+p.Caps.RowLocker.SkipLocked()), args...)
-		if err == nil {
-			rows, err = readRows(r)
+		// From the cursor first; when that finds nothing, from the start.
+		for {
+			from, fromArgs := f.scan.from(p, p.Alias)
+			var r *sqlx.Rows
+			r, err = t.tx.QueryxContext(ctx, p.Rebind("SELECT * FROM "+p.QTable+" "+p.Alias+" WHERE "+where+from+
+				" ORDER BY "+p.OrderBy(p.Alias)+" LIMIT 1 "+p.Caps.RowLocker.SkipLocked()), append(args, fromArgs...)...)
+			if err == nil {
+				rows, err = readRows(r)
+			}
+			if err != nil || len(rows) > 0 || from == "" {
+				break
+			}
+			f.scan.reset()
+		}
+		if len(rows) > 0 {
+			f.scan.advance(rows[0].get(p.Table.OrderColumn()))
 		}
 	}
 	if err != nil {
@@ -137,11 +240,12 @@ func (f *rowLock) claimOne(ctx context.Context) (core.Claim, error) {
 		return fail(err)
 	}
 	d := f.delivery(r, attempt, "")
-	d.WithTx(tx, func(tx *sqlx.Tx) error {
+	txCtx := t.ctx
+	d.WithTx(t.tx, func(tx *sqlx.Tx) error {
 		_, err := tx.ExecContext(txCtx, "SAVEPOINT "+savepoint)
 		return err
 	})
-	return &rowLockClaim{f: f, tx: tx, ctx: txCtx, cancel: txCancel, d: d}, nil
+	return &rowLockClaim{f: f, t: t, d: d}, nil
 }
 
 // claimHead claims the head of one FIFO group under the dialect's group
@@ -185,11 +289,9 @@ func (f *rowLock) claimHead(ctx context.Context, tx *sqlx.Tx, where string, args
 }
 
 type rowLockClaim struct {
-	f      *rowLock
-	tx     *sqlx.Tx
-	ctx    context.Context
-	cancel context.CancelFunc
-	d      *core.Delivery
+	f *rowLock
+	t *claimTx
+	d *core.Delivery
 }
 
 func (c *rowLockClaim) Delivery() *core.Delivery { return c.d }
@@ -198,22 +300,37 @@ func (c *rowLockClaim) Lost() <-chan struct{}    { return nil }
 // Complete runs the completion statement in the delivery's transaction and
 // commits. A failed handler's writes through Delivery.Tx are rolled back to
 // the savepoint first. Any error rolls everything back: the row is
-// claimable again with its attempt unchanged.
+// claimable again with its attempt unchanged. When the dialect chains
+// commits and the handler never asked for the transaction, the commit
+// chains and the transaction waits for the worker's next claim.
 func (c *rowLockClaim) Complete(ctx context.Context, o core.Outcome) error {
-	defer c.cancel()
+	t := c.t
 	if o.Kind == core.Released {
-		return c.tx.Rollback()
+		defer t.cancel()
+		return t.tx.Rollback()
 	}
-	if o.Kind != core.Succeeded && c.d.TxUsed() {
-		if _, err := c.tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT "+savepoint); err != nil {
-			return errors.Join(fmt.Errorf("sqlxbroker: roll back handler writes: %w", err), c.tx.Rollback())
+	used := c.d.SealTx()
+	if o.Kind != core.Succeeded && used {
+		if _, err := t.tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT "+savepoint); err != nil {
+			t.rollback()
+			return fmt.Errorf("sqlxbroker: roll back handler writes: %w", err)
 		}
 	}
 	q, args := c.f.completion(o, true, false, "")
-	if _, err := c.tx.ExecContext(ctx, q, append(args, c.d.ID())...); err != nil {
-		return errors.Join(fmt.Errorf("sqlxbroker: row-lock completion (%s): %w", o.Kind, err), c.tx.Rollback())
+	if _, err := t.tx.ExecContext(ctx, q, append(args, c.d.ID())...); err != nil {
+		t.rollback()
+		return fmt.Errorf("sqlxbroker: row-lock completion (%s): %w", o.Kind, err)
 	}
-	if err := c.tx.Commit(); err != nil {
+	if c.f.chain != "" && !used {
+		if _, err := t.tx.ExecContext(ctx, c.f.chain); err != nil {
+			t.rollback()
+			return fmt.Errorf("sqlxbroker: row-lock commit (%s): %w", o.Kind, err)
+		}
+		c.f.keep(t)
+		return nil
+	}
+	defer t.cancel()
+	if err := t.tx.Commit(); err != nil {
 		return fmt.Errorf("sqlxbroker: row-lock commit (%s): %w", o.Kind, err)
 	}
 	return nil

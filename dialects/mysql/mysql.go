@@ -86,6 +86,7 @@ var _ interface {
 	core.TableChecker
 	core.TableCreator
 	core.ClaimBeginner
+	core.TxChainer
 } = Dialect{}
 
 func (d Dialect) Name() string {
@@ -115,6 +116,10 @@ func (Dialect) SkipLocked() string { return "FOR UPDATE SKIP LOCKED" }
 // ClaimIsolation is READ COMMITTED: locking reads lock the rows they return,
 // not the gaps between them, and each statement reads the latest commits.
 func (Dialect) ClaimIsolation() sql.IsolationLevel { return sql.LevelReadCommitted }
+
+// ChainCommit is COMMIT AND CHAIN, which every MySQL and MariaDB server
+// takes: the next transaction keeps the isolation of the claim.
+func (Dialect) ChainCommit(context.Context, *sqlx.DB) (string, error) { return "COMMIT AND CHAIN", nil }
 
 // ---- server ----
 

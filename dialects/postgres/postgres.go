@@ -71,6 +71,7 @@ var _ interface {
 	core.AdvisoryLocker
 	core.GroupGuard
 	core.ServerChecker
+	core.TxChainer
 	core.Waker
 	core.TableCreator
 } = Dialect{}
@@ -241,15 +242,36 @@ const (
 // when the server is too old for form. It is one round trip per
 // subscription start, so nothing is cached.
 func (Dialect) CheckServer(ctx context.Context, db *sqlx.DB, form core.Form) error {
+	n, err := serverVersion(ctx, db)
+	if err != nil {
+		return err
+	}
+	return checkVersion(n, form)
+}
+
+// minChain is the first server with COMMIT AND CHAIN (12).
+const minChain = 120000
+
+// ChainCommit returns COMMIT AND CHAIN on PostgreSQL 12 and later, "" before.
+func (Dialect) ChainCommit(ctx context.Context, db *sqlx.DB) (string, error) {
+	n, err := serverVersion(ctx, db)
+	if err != nil || n < minChain {
+		return "", err
+	}
+	return "COMMIT AND CHAIN", nil
+}
+
+// serverVersion reads server_version_num.
+func serverVersion(ctx context.Context, db *sqlx.DB) (int, error) {
 	var s string
 	if err := db.QueryRowContext(ctx, "SHOW server_version_num").Scan(&s); err != nil {
-		return fmt.Errorf("sqlxbroker: postgres: read server_version_num: %w", err)
+		return 0, fmt.Errorf("sqlxbroker: postgres: read server_version_num: %w", err)
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(s))
 	if err != nil {
-		return fmt.Errorf("sqlxbroker: postgres: server_version_num %q: %w", s, err)
+		return 0, fmt.Errorf("sqlxbroker: postgres: server_version_num %q: %w", s, err)
 	}
-	return checkVersion(n, form)
+	return n, nil
 }
 
 // checkVersion decides whether server version num (server_version_num)
