@@ -132,6 +132,7 @@ func Scenarios() []Scenario {
 		{"Outcomes", all, Outcomes},
 		{"BrokenRows", all, BrokenRows},
 		{"HandlerTx", only(core.RowLock), HandlerTx},
+		{"TxAfterCompletion", only(core.RowLock), TxAfterCompletion},
 		{"BadDescriptions", all, BadDescriptions},
 		{"HostileKeys", all, HostileKeys},
 		{"HostileIdentifiers", all, HostileIdentifiers},

@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -492,6 +493,43 @@ func HandlerTx(t TB, tg *Target, f core.Form) {
 			t.Errorf("handler write %q committed %d times, want %d", c.body, n, c.want)
 		}
 	}
+}
+
+// TxAfterCompletion: in the row-lock form a delivery's transaction is the
+// handler's only while it runs. A handler that kept its delivery and asks
+// for the transaction afterwards gets sql.ErrTxDone, never a transaction
+// that now holds another row (a dialect that chains commits, TxChainer,
+// goes on in the same transaction). Once the table is drained the
+// subscription keeps no connection in use while it waits for rows.
+func TxAfterCompletion(t TB, tg *Target, f core.Form) {
+	b := tg.broker(t)
+	tb := tg.fresh(t, b.DB(), f, nil)
+	const rows = 40
+	msgs := make([]msg, rows)
+	for i := range msgs {
+		msgs[i] = msg{Acct: fmt.Sprint("a", i)}
+	}
+	publish(t, b, tb, msgs...)
+	var mu sync.Mutex
+	var kept []*core.Delivery
+	p := quick
+	p.Concurrency = 4
+	p.Wake = make(chan struct{}) // no listening connection
+	s := subscribe(t, b, tb, func(ctx context.Context, d *core.Delivery) error {
+		mu.Lock()
+		kept = append(kept, d)
+		mu.Unlock()
+		return nil
+	}, p)
+	WaitFor(t, 30*time.Second, "every row completed", func() bool { return s.Stats().Succeeded == rows })
+	mu.Lock()
+	defer mu.Unlock()
+	for _, d := range kept {
+		if tx, err := d.Tx(); !errors.Is(err, sql.ErrTxDone) {
+			t.Fatalf("Delivery.Tx after the delivery completed: %v, %v; want sql.ErrTxDone", tx, err)
+		}
+	}
+	WaitFor(t, 10*time.Second, "no connection in use by the idle subscription", func() bool { return b.DB().Stats().InUse == 0 })
 }
 
 // Unavailable: a form the dialect does not offer fails with

@@ -116,8 +116,8 @@ type Subscription struct {
 	wake       chan struct{}
 	freed      chan struct{}
 	idleMu     sync.Mutex
-	idle       []idler // idle workers, the first idle first
-	idleClosed bool    // claims have stopped: workers end
+	idle       []idler        // idle workers, the first idle first
+	idleClosed bool           // claims have stopped: workers end
 	inflight   atomic.Int64   // deliveries whose handler or completion runs
 	pending    atomic.Int64   // completions queued by AsyncCompleter
 	handlers   sync.WaitGroup // workers

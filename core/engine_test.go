@@ -104,3 +104,97 @@ func BenchmarkEngine(b *testing.B) {
 		})
 	}
 }
+
+// asyncClaim completes through core.AsyncCompleter: its asynchronous
+// completions wait in a queue the test writes, its synchronous ones until
+// the gate opens.
+type asyncClaim struct {
+	memClaim
+	f *asyncForm
+}
+
+func (c *asyncClaim) CompleteAsync(ctx context.Context, o core.Outcome, done func(error)) {
+	c.f.q <- func() { done(c.memClaim.Complete(ctx, o)) }
+}
+
+func (c *asyncClaim) Complete(ctx context.Context, o core.Outcome) error {
+	<-c.f.gate
+	return c.memClaim.Complete(ctx, o)
+}
+
+type asyncForm struct {
+	memForm
+	q    chan func()
+	gate chan struct{}
+}
+
+func (f *asyncForm) Claim(ctx context.Context, max int) ([]core.Claim, error) {
+	cs, err := f.memForm.Claim(ctx, max)
+	for i, c := range cs {
+		cs[i] = &asyncClaim{memClaim: *c.(*memClaim), f: f}
+	}
+	return cs, err
+}
+
+// TestEngineAsyncCompletions: with a claim that completes asynchronously,
+// handlers go on while completions wait, but at most Concurrency of them
+// wait so (the next completions are synchronous); InFlight counts them;
+// Stop waits for every one, and each is counted once written.
+func TestEngineAsyncCompletions(t *testing.T) {
+	const n, conc = 50, 4
+	f := &asyncForm{memForm: memForm{plan: &core.Plan{Table: core.Table{Name: "mem"}}, total: n, fin: make(chan struct{})},
+		q: make(chan func(), n), gate: make(chan struct{})}
+	f.left.Store(n)
+	var handled atomic.Int64
+	s, err := core.Subscribe(context.Background(), f, func(ctx context.Context, d *core.Delivery) error {
+		handled.Add(1)
+		return nil
+	}, core.SubscribeParams{Concurrency: conc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("waiting for %s: %d handled, %d completions queued, %d written, InFlight %d", what, handled.Load(), len(f.q), f.done.Load(), s.InFlight())
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	// Concurrency handlers queue their completions and go on; the next
+	// Concurrency wait for theirs at the gate.
+	waitFor("the first handlers", func() bool { return len(f.q) == conc && handled.Load() == 2*conc })
+	if got := s.InFlight(); got != 2*conc {
+		t.Fatalf("InFlight %d, want %d (handlers waiting plus completions queued)", got, 2*conc)
+	}
+	if st := s.Stats(); st.Succeeded != 0 || handled.Load() != 2*conc {
+		t.Fatalf("stats %+v with %d handled before any completion was written", st, handled.Load())
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- s.Stop(context.Background()) }()
+	close(f.gate)
+	// The handlers end; the queued completions are still to write, so Stop
+	// must not return.
+	waitFor("the handlers to end", func() bool { return s.InFlight() == conc })
+	select {
+	case err := <-stopped:
+		t.Fatalf("Stop returned (%v) with %d completions queued", err, len(f.q))
+	case <-time.After(100 * time.Millisecond):
+	}
+	for len(f.q) > 0 {
+		(<-f.q)()
+	}
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Stop did not return once every completion was written")
+	}
+	if st := s.Stats(); f.done.Load() != st.Claimed || st.Succeeded != st.Claimed || s.InFlight() != 0 {
+		t.Fatalf("after Stop: %d completions written, stats %+v, InFlight %d; want every claim written and counted once", f.done.Load(), st, s.InFlight())
+	}
+}

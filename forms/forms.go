@@ -57,7 +57,7 @@ type base struct {
 
 // fullScanEvery is how often a busy form's claims scan the table from its
 // first row rather than from the cursor (see cursor).
-const fullScanEvery = 100 * time.Millisecond
+var fullScanEvery = 100 * time.Millisecond
 
 // cursor keeps where the last claims found rows in the order column, so
 // the next claims start there. A busy queue leaves the rows it just

@@ -655,3 +655,47 @@ func TestClaimIsolation(t *testing.T) {
 		})
 	}
 }
+
+// TestRowLockChainsCommits: the row-lock form goes from one delivery to the
+// next with COMMIT AND CHAIN (core.TxChainer), so a drain of one handler
+// opens a transaction for the first row only, not one per row; a handler
+// that asks for its transaction gets a plain commit.
+func TestRowLockChainsCommits(t *testing.T) {
+	const rows = 100
+	db := openDB(t, testDSN(t))
+	b := openBroker(t, db)
+	begins := func() int {
+		var name string
+		var n int
+		if err := db.QueryRow("SHOW GLOBAL STATUS LIKE 'Com_begin'").Scan(&name, &n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, useTx := range []bool{false, true} {
+		tbl := newTable(t, b, sqlxbroker.Table{}, payload...)
+		msgs := make([]msg, rows)
+		for i := range msgs {
+			msgs[i] = msg{N: int64(i)}
+		}
+		publish(t, b, tbl, msgs...)
+		before := begins()
+		s := subscribe(t, b, tbl, func(ctx context.Context, d *sqlxbroker.Delivery) error {
+			if useTx {
+				_, err := d.Tx()
+				return err
+			}
+			return nil
+		}, sqlxbroker.SubscribeParams{Concurrency: 1, PollInterval: 50 * time.Millisecond})
+		waitFor(t, time.Minute, "every row completed", func() bool { return s.Stats().Succeeded == rows })
+		stop(t, s)
+		n := begins() - before
+		t.Logf("handler uses the transaction: %v; %d rows, %d transactions begun", useTx, rows, n)
+		if !useTx && n > rows/4 {
+			t.Errorf("%d transactions begun for %d rows: commits did not chain", n, rows)
+		}
+		if useTx && n < rows {
+			t.Errorf("%d transactions begun for %d rows whose handlers used their transaction, want one each", n, rows)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package postgres_test
 
 import (
+	"context"
 	"os"
 	"strings"
 	"testing"
@@ -86,6 +87,49 @@ func TestConformancePostgres10(t *testing.T) {
 					continue
 				}
 				t.Run(s.Name, func(t *testing.T) { s.Run(t, &tg, f) })
+			}
+		})
+	}
+}
+
+// TestChainCommit: the row-lock form chains its commits from PostgreSQL 12
+// on, and PostgreSQL 10 (no COMMIT AND CHAIN) is given none.
+func TestChainCommit(t *testing.T) {
+	for _, c := range []struct{ env, want string }{
+		{"SQLXBROKER_POSTGRES_DSN", "COMMIT AND CHAIN"},
+		{"SQLXBROKER_POSTGRES10_DSN", ""},
+		{"SQLXBROKER_POSTGRES_NEWEST_DSN", "COMMIT AND CHAIN"},
+	} {
+		t.Run(c.env, func(t *testing.T) {
+			var dsn string
+			if c.env == "SQLXBROKER_POSTGRES_DSN" {
+				dsn = strings.TrimSpace(os.Getenv(c.env))
+				if dsn == "" {
+					t.Skip(c.env + " is not set")
+				}
+			} else {
+				dsn = matrixDSN(t, c.env)
+			}
+			db := openDSN(dsn)(t)
+			got, err := postgres.Dialect{}.ChainCommit(context.Background(), db)
+			if err != nil || got != c.want {
+				t.Fatalf("ChainCommit: %q, %v; want %q", got, err, c.want)
+			}
+			if got == "" {
+				return
+			}
+			// The statement works: a chained transaction is still open.
+			tx, err := db.Beginx()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback()
+			if _, err := tx.Exec(got); err != nil {
+				t.Fatal(err)
+			}
+			// SAVEPOINT fails outside a transaction block.
+			if _, err := tx.Exec("SAVEPOINT chained"); err != nil {
+				t.Fatalf("after %s: %v", got, err)
 			}
 		})
 	}
