@@ -78,10 +78,14 @@ type cursor struct {
 
 // from returns the condition and args that start a claim at the cursor
 // (over alias), or "" for a full scan, which it then counts as started.
-func (c *cursor) from(p *core.Plan, alias string) (string, []any) {
+// retry asks for a full scan: the claim from the cursor found nothing.
+func (c *cursor) from(p *core.Plan, alias string, retry bool) (string, []any) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := time.Now()
+	if retry {
+		c.at = nil
+	}
 	if c.at == nil || now.Sub(c.full) >= fullScanEvery {
 		c.full = now
 		return "", nil
@@ -99,14 +103,6 @@ func (c *cursor) advance(v any) {
 	}
 	c.mu.Lock()
 	c.at = v
-	c.mu.Unlock()
-}
-
-// reset makes the next claim a full scan: a scan from the cursor found
-// nothing.
-func (c *cursor) reset() {
-	c.mu.Lock()
-	c.at = nil
 	c.mu.Unlock()
 }
 
@@ -310,4 +306,11 @@ func guardedHeads(ctx context.Context, tx *sqlx.Tx, p *core.Plan, where string, 
 		ids = append(ids, c.vals[0])
 	}
 	return ids, nil
+}
+
+// reset makes the next claim a full scan.
+func (c *cursor) reset() {
+	c.mu.Lock()
+	c.at = nil
+	c.mu.Unlock()
 }

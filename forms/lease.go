@@ -113,12 +113,12 @@ func (f *lease) claimOn(ctx context.Context, q core.Querier, tx *sqlx.Tx, now ti
 		args = append(args, ids...)
 	}
 	var rows []row
-	for {
+	for retry := false; ; retry = true {
 		// Outside FIFO tables, from the cursor first (see cursor); when
 		// that finds nothing, from the start.
 		from, fromArgs := "", []any(nil)
 		if p.QGroup == "" {
-			from, fromArgs = f.scan.from(p, p.Alias)
+			from, fromArgs = f.scan.from(p, p.Alias, retry)
 		}
 		rs, err := p.Caps.Leaser.ClaimLeases(ctx, q, &core.LeaseClaimParams{Plan: p, Where: where + from, Args: append(args, fromArgs...), Limit: max, Deadline: p.Time(deadline)})
 		if err == nil {
@@ -132,8 +132,8 @@ func (f *lease) claimOn(ctx context.Context, q core.Querier, tx *sqlx.Tx, now ti
 		}
 		// Fewer rows ahead of the cursor than asked: the next claim
 		// scans from the start, and at once if none were found.
-		f.scan.reset()
 		if len(rows) > 0 {
+			f.scan.reset()
 			break
 		}
 	}

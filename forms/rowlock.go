@@ -211,8 +211,8 @@ func (f *rowLock) claimIn(ctx context.Context, t *claimTx) (core.Claim, error) {
 		rows, err = f.claimHead(ctx, t.tx, where, args)
 	} else {
 		// From the cursor first; when that finds nothing, from the start.
-		for {
-			from, fromArgs := f.scan.from(p, p.Alias)
+		for retry := false; ; retry = true {
+			from, fromArgs := f.scan.from(p, p.Alias, retry)
 			var r *sqlx.Rows
 			r, err = t.tx.QueryxContext(ctx, p.Rebind("SELECT * FROM "+p.QTable+" "+p.Alias+" WHERE "+where+from+
 				" ORDER BY "+p.OrderBy(p.Alias)+" LIMIT 1 "+p.Caps.RowLocker.SkipLocked()), append(args, fromArgs...)...)
@@ -222,7 +222,6 @@ func (f *rowLock) claimIn(ctx context.Context, t *claimTx) (core.Claim, error) {
 			if err != nil || len(rows) > 0 || from == "" {
 				break
 			}
-			f.scan.reset()
 		}
 		if len(rows) > 0 {
 			f.scan.advance(rows[0].get(p.Table.OrderColumn()))
