@@ -200,14 +200,19 @@ func (f *advisory) countAll(ctx context.Context, claims []*advisoryClaim) ([]row
 	// Every row of a batch is nearly always still claimable (their keys
 	// are held): one UPDATE of them all, kept when it changed them all;
 	// otherwise an UPDATE per row tells which.
-	hit, tx, err := f.countIn(ctx, set+p.QTable+"."+p.QID+" IN (?"+strings.Repeat(", ?", len(ids)-1)+") AND "+where, ids, args, true)
-	if err == nil && tx == nil {
-		hit, tx, err = f.countIn(ctx, set+p.QTable+"."+p.QID+" = ? AND "+where, ids, args, false)
-	}
+	changed, tx, err := f.allOrEach(ctx, len(ids),
+		p.Rebind(set+p.QTable+"."+p.QID+" IN (?"+strings.Repeat(", ?", len(ids)-1)+") AND "+where), append(append([]any{}, ids...), args...),
+		p.Rebind(set+p.QTable+"."+p.QID+" = ? AND "+where), func(i int) []any { return append([]any{ids[i]}, args...) })
 	if err != nil {
 		return nil, err
 	}
 	defer tx.Rollback() //nolint:errcheck // no-op after Commit
+	var hit []any
+	for i, ok := range changed {
+		if ok {
+			hit = append(hit, ids[i])
+		}
+	}
 	var rows []row
 	if len(hit) > 0 {
 		rs, err := tx.QueryxContext(ctx, p.Rebind("SELECT * FROM "+p.QTable+" WHERE "+p.QID+" IN (?"+strings.Repeat(", ?", len(hit)-1)+")"), hit...)
@@ -219,44 +224,6 @@ func (f *advisory) countAll(ctx context.Context, claims []*advisoryClaim) ([]row
 		}
 	}
 	return rows, tx.Commit()
-}
-
-// countIn runs upd (whose first '?'s are ids, then args) in a new
-// transaction: once for all ids when all is true, then returning a nil
-// transaction unless it changed every row; else once per id. It returns
-// the ids it counted and the open transaction.
-func (f *advisory) countIn(ctx context.Context, upd string, ids, args []any, all bool) ([]any, *sqlx.Tx, error) {
-	tx, err := f.db.BeginTxx(ctx, nil)
-	if err != nil {
-		return nil, nil, err
-	}
-	upd = f.plan.Rebind(upd)
-	if all {
-		res, err := tx.ExecContext(ctx, upd, append(append([]any{}, ids...), args...)...)
-		if err == nil {
-			var n int64
-			if n, err = res.RowsAffected(); err == nil && n == int64(len(ids)) {
-				return ids, tx, nil
-			}
-		}
-		_ = tx.Rollback()
-		return nil, nil, err
-	}
-	var hit []any
-	for _, id := range ids {
-		res, err := tx.ExecContext(ctx, upd, append([]any{id}, args...)...)
-		if err == nil {
-			var n int64
-			if n, err = res.RowsAffected(); err == nil && n > 0 {
-				hit = append(hit, id)
-			}
-		}
-		if err != nil {
-			_ = tx.Rollback()
-			return nil, nil, err
-		}
-	}
-	return hit, tx, nil
 }
 
 // tryLocks tries the key of each claim at once, each on a connection of its

@@ -106,6 +106,13 @@ func (c *cursor) advance(v any) {
 	c.mu.Unlock()
 }
 
+// reset makes the next claim a full scan.
+func (c *cursor) reset() {
+	c.mu.Lock()
+	c.at = nil
+	c.mu.Unlock()
+}
+
 func (b *base) Plan() *core.Plan { return b.plan }
 
 // start checks the server (a DSN the dialect refuses, a version too old),
@@ -308,9 +315,44 @@ func guardedHeads(ctx context.Context, tx *sqlx.Tx, p *core.Plan, where string, 
 	return ids, nil
 }
 
-// reset makes the next claim a full scan.
-func (c *cursor) reset() {
-	c.mu.Lock()
-	c.at = nil
-	c.mu.Unlock()
+// allOrEach changes n rows in a new transaction. It first runs all, one
+// statement for them all, and keeps it when it changed every row (the
+// usual case); otherwise it rolls that back and runs each(i) for every row
+// in a new transaction, which tells which rows changed. It returns which
+// did and the open transaction, for the caller to read in and commit.
+// Statements are given rebound.
+func (b *base) allOrEach(ctx context.Context, n int, all string, allArgs []any, each string, eachArgs func(i int) []any) ([]bool, *sqlx.Tx, error) {
+	hit := make([]bool, n)
+	tx, err := b.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	res, err := tx.ExecContext(ctx, all, allArgs...)
+	if err != nil {
+		_ = tx.Rollback()
+		return nil, nil, err
+	}
+	if got, err := res.RowsAffected(); err == nil && got == int64(n) {
+		for i := range hit {
+			hit[i] = true
+		}
+		return hit, tx, nil
+	}
+	_ = tx.Rollback()
+	if tx, err = b.db.BeginTxx(ctx, nil); err != nil {
+		return nil, nil, err
+	}
+	for i := range hit {
+		res, err := tx.ExecContext(ctx, each, eachArgs(i)...)
+		if err == nil {
+			var got int64
+			got, err = res.RowsAffected()
+			hit[i] = got > 0
+		}
+		if err != nil {
+			_ = tx.Rollback()
+			return nil, nil, err
+		}
+	}
+	return hit, tx, nil
 }

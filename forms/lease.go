@@ -227,9 +227,6 @@ func (c *leaseClaim) markLost() {
 	}
 }
 
-// isLost reports whether the lease was lost. The caller holds c.mu.
-func (c *leaseClaim) isLost() bool { return c.wasLost }
-
 // OnLost runs fn when the lease is lost (core.LostNotifier).
 func (c *leaseClaim) OnLost(fn func()) {
 	c.mu.Lock()
@@ -367,8 +364,8 @@ func (f *lease) fence(claims []*leaseClaim, tokens []time.Time) (string, []any) 
 // answer. headArgs bind the head's '?'s.
 func (f *lease) fencedBatch(ctx context.Context, head string, headArgs []any, returning bool, claims []*leaseClaim, tokens []time.Time) ([]bool, error) {
 	p := f.plan
-	hit := make([]bool, len(claims))
-	if len(claims) > 1 {
+	if len(claims) > 1 && returning {
+		hit := make([]bool, len(claims))
 		cond, args := f.fence(claims, tokens)
 		q := p.Rebind(head + " WHERE " + cond)
 		args = append(append([]any{}, headArgs...), args...)
@@ -377,74 +374,50 @@ func (f *lease) fencedBatch(ctx context.Context, head string, headArgs []any, re
 			return nil, err
 		}
 		defer tx.Rollback() //nolint:errcheck // no-op after Commit
-		if returning {
-			// In a transaction: a read of the changed ids cut short (ctx
-			// ends) rolls the change back, so the tokens kept here never
-			// differ from the rows'.
-			rows, err := tx.QueryxContext(ctx, q+" RETURNING "+p.QID, args...)
-			if err != nil {
-				return nil, err
-			}
-			got, err := readRows(rows)
-			if err != nil {
-				return nil, err
-			}
-			if len(got) == len(claims) { // ids are distinct: every row matched
-				for i := range hit {
-					hit[i] = true
-				}
-			} else {
-				changed := make(map[string]bool, len(got))
-				for _, g := range got {
-					changed[idKey(g.vals[0])] = true
-				}
-				for i, c := range claims {
-					hit[i] = changed[idKey(c.d.ID())]
-				}
-			}
-			return hit, tx.Commit()
-		}
-		res, err := tx.ExecContext(ctx, q, args...)
+		// In a transaction: a read of the changed ids cut short (ctx
+		// ends) rolls the change back, so the tokens kept here never
+		// differ from the rows'.
+		rows, err := tx.QueryxContext(ctx, q+" RETURNING "+p.QID, args...)
 		if err != nil {
 			return nil, err
 		}
-		if n, err := res.RowsAffected(); err == nil && n == int64(len(claims)) {
-			if err := tx.Commit(); err != nil {
-				return nil, err
-			}
+		got, err := readRows(rows)
+		if err != nil {
+			return nil, err
+		}
+		if len(got) == len(claims) { // ids are distinct: every row matched
 			for i := range hit {
 				hit[i] = true
 			}
-			return hit, nil
+		} else {
+			changed := make(map[string]bool, len(got))
+			for _, g := range got {
+				changed[idKey(g.vals[0])] = true
+			}
+			for i, c := range claims {
+				hit[i] = changed[idKey(c.d.ID())]
+			}
 		}
-		_ = tx.Rollback()
+		return hit, tx.Commit()
 	}
-	q := p.Rebind(head + " WHERE " + p.QID + " = ? AND " + p.QLockedUntil + " = ?")
+	one := p.Rebind(head + " WHERE " + p.QID + " = ? AND " + p.QLockedUntil + " = ?")
+	oneArgs := func(i int) []any {
+		return append(append([]any{}, headArgs...), claims[i].d.ID(), p.Time(tokens[i]))
+	}
 	if len(claims) == 1 {
-		res, err := f.db.ExecContext(ctx, q, append(append([]any{}, headArgs...), claims[0].d.ID(), p.Time(tokens[0]))...)
+		res, err := f.db.ExecContext(ctx, one, oneArgs(0)...)
 		if err != nil {
 			return nil, err
 		}
 		n, err := res.RowsAffected()
-		hit[0] = n > 0
-		return hit, err
+		return []bool{n > 0}, err
 	}
-	tx, err := f.db.BeginTxx(ctx, nil)
+	cond, args := f.fence(claims, tokens)
+	hit, tx, err := f.allOrEach(ctx, len(claims), p.Rebind(head+" WHERE "+cond), append(append([]any{}, headArgs...), args...), one, oneArgs)
 	if err != nil {
 		return nil, err
 	}
 	defer tx.Rollback() //nolint:errcheck // no-op after Commit
-	for i, c := range claims {
-		res, err := tx.ExecContext(ctx, q, append(append([]any{}, headArgs...), c.d.ID(), p.Time(tokens[i]))...)
-		if err != nil {
-			return nil, err
-		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return nil, err
-		}
-		hit[i] = n > 0
-	}
 	return hit, tx.Commit()
 }
 
@@ -490,7 +463,7 @@ func (f *lease) renewAll(claims []*leaseClaim) {
 	until := now.Add(f.dur)
 	for _, c := range claims {
 		c.mu.Lock()
-		if c.finished || c.isLost() {
+		if c.finished || c.wasLost {
 			// A lost lease is another claim's now: nothing to renew.
 			c.mu.Unlock()
 			continue

@@ -213,25 +213,30 @@ func auditForm(f soakVariant, a *auditData) (formReport, []string) {
 		if f.Form == core.RowLock {
 			processed = effects > 0
 		}
+		// completed counts a finished row (deleted, or marked done) and
+		// checks the ledger against it.
+		completed := func(row string) {
+			r.Completed++
+			if a.outcomes[m]["dead"] > 0 {
+				r.Other++
+				bad("dead outcome recorded for a "+row+" row", m)
+			}
+			if finishing == 0 {
+				r.Unrecorded++
+			}
+			r.ExtraRuns += max(0, ok-1)
+		}
 		if len(rs) == 0 {
 			switch {
 			case !f.Delete || !processed:
 				r.Lost++
 				bad("lost: published, no row (nor, where done rows are deleted, a successful run)", m)
 			default: // completed and deleted
-				r.Completed++
 				if finishing > 1 || effects > 1 {
 					r.CompletedTwice++
 					bad("completed twice", m)
 				}
-				if a.outcomes[m]["dead"] > 0 {
-					r.Other++
-					bad("dead outcome recorded for a deleted row", m)
-				}
-				if finishing == 0 {
-					r.Unrecorded++
-				}
-				r.ExtraRuns += max(0, ok-1)
+				completed("deleted")
 			}
 			continue
 		}
@@ -253,19 +258,11 @@ func auditForm(f soakVariant, a *auditData) (formReport, []string) {
 			r.Other++
 			bad("row both done and dead", m)
 		case row.done:
-			r.Completed++
 			if !processed {
 				r.Lost++
 				bad("lost: done without a successful run recorded", m)
 			}
-			if a.outcomes[m]["dead"] > 0 {
-				r.Other++
-				bad("dead outcome recorded for a done row", m)
-			}
-			if finishing == 0 {
-				r.Unrecorded++
-			}
-			r.ExtraRuns += max(0, ok-1)
+			completed("done")
 		case row.dead:
 			r.Dead++
 			if a.outcomes[m]["succeeded"] > 0 {
