@@ -129,6 +129,9 @@ func Scenarios() []Scenario {
 		{"Renewal", only(core.Lease), Renewal},
 		{"FIFO", fifo, FIFO},
 		{"AdvisoryKeys", only(core.Advisory), AdvisoryKeys},
+		{"AdvisoryBatch", func(d core.Dialect, f core.Form) bool {
+			return f == core.Advisory && core.CapabilitiesOf(d).AdvisoryBatcher != nil
+		}, AdvisoryBatch},
 		{"Outcomes", all, Outcomes},
 		{"BrokenRows", all, BrokenRows},
 		{"HandlerTx", only(core.RowLock), HandlerTx},

@@ -622,3 +622,70 @@ func VersionGate(t TB, tg *Target) {
 		}
 	}
 }
+
+// AdvisoryBatch (dialects with core.AdvisoryBatcher): keys tried together
+// on one session answer in the order given, agree with keys tried one by
+// one, hold against another session, and release together; keys of any
+// content work.
+func AdvisoryBatch(t TB, tg *Target, f core.Form) {
+	caps := core.CapabilitiesOf(tg.Dialect)
+	bat, one := caps.AdvisoryBatcher, caps.AdvisoryLocker
+	db := tg.broker(t).DB()
+	ctx := context.Background()
+	a, err := db.Connx(ctx)
+	if err != nil {
+		t.Fatalf("connection: %v", err)
+	}
+	defer a.Close()
+	b, err := db.Connx(ctx)
+	if err != nil {
+		t.Fatalf("connection: %v", err)
+	}
+	defer b.Close()
+	tag := fmt.Sprintf("batch-%d-", time.Now().UnixNano())
+	keys := []string{tag + "plain", tag + strings.Repeat("long", 40), tag + "nul\x00byte", tag + "ключ", tag + `q"u'o\te`, tag + "\xff\xfe", tag}
+	want := func(who string, got []bool, exp func(i int) bool) {
+		t.Helper()
+		if len(got) != len(keys) {
+			t.Fatalf("%s: %d results for %d keys", who, len(got), len(keys))
+		}
+		for i, g := range got {
+			if g != exp(i) {
+				t.Errorf("%s: key %q taken %v, want %v", who, keys[i], g, exp(i))
+			}
+		}
+	}
+	got, err := bat.TryAdvisoryLocks(ctx, a, keys)
+	if err != nil {
+		t.Fatalf("TryAdvisoryLocks: %v", err)
+	}
+	want("first session", got, func(int) bool { return true })
+	defer func() { _ = bat.AdvisoryUnlocks(ctx, a, keys) }()
+	if got, err = bat.TryAdvisoryLocks(ctx, b, keys); err != nil {
+		t.Fatalf("TryAdvisoryLocks: %v", err)
+	}
+	want("second session while the first holds every key", got, func(int) bool { return false })
+	for _, k := range keys {
+		if ok, err := one.TryAdvisoryLock(ctx, b, k); err != nil || ok {
+			t.Errorf("TryAdvisoryLock(%q) on the second session = %v, %v; want false: the first holds it", k, ok, err)
+		}
+	}
+	half := len(keys) / 2
+	if err := bat.AdvisoryUnlocks(ctx, a, keys[:half]); err != nil {
+		t.Fatalf("AdvisoryUnlocks: %v", err)
+	}
+	if got, err = bat.TryAdvisoryLocks(ctx, b, keys); err != nil {
+		t.Fatalf("TryAdvisoryLocks: %v", err)
+	}
+	want("second session after the first released half", got, func(i int) bool { return i < half })
+	if err := bat.AdvisoryUnlocks(ctx, b, keys[:half]); err != nil {
+		t.Fatalf("AdvisoryUnlocks: %v", err)
+	}
+	// Released together, taken one by one.
+	for _, k := range keys[:half] {
+		ok, err := one.TryAdvisoryLock(ctx, a, k)
+		if err != nil || !ok {
+			t.Errorf("TryAdvisoryLock(%q) after its batch release = %v, %v; want true", k, ok, err)
+		}
+	}
+}

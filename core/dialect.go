@@ -134,7 +134,12 @@ type LeaseFencer interface {
 	FenceLeases(p *Plan, ids, tokens []any) (cond string, args []any)
 }
 
-// AdvisoryLocker is the capability of the Advisory form.
+// AdvisoryLocker is the capability of the Advisory form. The form holds
+// all the keys of its deliveries in work on one session (one connection
+// kept while any key is held), so one session must be able to hold many
+// keys at once, until each is released or the session ends. The form never
+// tries a key its session already holds (a server whose locks nest would
+// count it twice).
 type AdvisoryLocker interface {
 	// TryAdvisoryLock tries to take the lock on key for the session of
 	// conn, without waiting. It returns false, nil when another session
@@ -145,6 +150,22 @@ type AdvisoryLocker interface {
 	// AdvisoryUnlock releases a lock taken by TryAdvisoryLock on the same
 	// conn. Releasing a key not held is not an error.
 	AdvisoryUnlock(ctx context.Context, conn *sqlx.Conn, key string) error
+}
+
+// AdvisoryBatcher is an optional capability of an AdvisoryLocker: it tries
+// and releases several keys in one statement, so a claim's keys cost one
+// round trip, and so do the keys of completions that end together. Without
+// it the form calls TryAdvisoryLock and AdvisoryUnlock key by key.
+type AdvisoryBatcher interface {
+	// TryAdvisoryLocks tries each of keys as TryAdvisoryLock does, on
+	// conn's session, and returns whether each was taken: len(keys)
+	// results, in the order of keys. keys are distinct, none is held by
+	// the session, and there are at most 500. On an error the caller
+	// cannot know which keys the session holds and discards it.
+	TryAdvisoryLocks(ctx context.Context, conn *sqlx.Conn, keys []string) ([]bool, error)
+	// AdvisoryUnlocks releases keys taken on conn's session (at most 500);
+	// a key not held is not an error.
+	AdvisoryUnlocks(ctx context.Context, conn *sqlx.Conn, keys []string) error
 }
 
 // AdvisoryAttacher is an optional capability of an AdvisoryLocker whose keys
@@ -245,6 +266,7 @@ type Capabilities struct {
 	Leaser           Leaser
 	LeaseFencer      LeaseFencer
 	AdvisoryLocker   AdvisoryLocker
+	AdvisoryBatcher  AdvisoryBatcher
 	AdvisoryAttacher AdvisoryAttacher
 	GroupGuard       GroupGuard
 	ServerChecker    ServerChecker
@@ -263,6 +285,7 @@ func CapabilitiesOf(d Dialect) Capabilities {
 	c.Leaser, _ = d.(Leaser)
 	c.LeaseFencer, _ = d.(LeaseFencer)
 	c.AdvisoryLocker, _ = d.(AdvisoryLocker)
+	c.AdvisoryBatcher, _ = d.(AdvisoryBatcher)
 	c.AdvisoryAttacher, _ = d.(AdvisoryAttacher)
 	c.GroupGuard, _ = d.(GroupGuard)
 	c.ServerChecker, _ = d.(ServerChecker)

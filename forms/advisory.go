@@ -3,30 +3,41 @@ package forms
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/sqlxbroker/sqlxbroker/core"
 )
 
-// advisory: ready rows are read with their keys; each key's advisory lock is
-// tried without waiting on the delivery's own connection; the row is taken
-// (attempt counted) while it is still claimable; the handler runs with the
-// key locked; completion runs on the same connection, then the key is
-// released. No transaction stays open, but the connection stays with the
-// delivery.
+// advisory: ready rows are read with their keys; the keys are tried
+// without waiting on the session that holds the form's keys (keyHolder); the
+// rows are taken (attempt counted) while still claimable; the handler runs
+// with the key locked; completion runs on any connection, then the key is
+// released. No transaction stays open, and deliveries hold no connection:
+// one session holds the keys of all of them.
 type advisory struct {
 	base
 	mu      sync.Mutex
-	held    map[string]bool // keys this form holds
+	held    map[string]bool // keys this form holds or is trying
 	release func() error
+	keys    keyHolder
+	stop    chan struct{} // ends the holder's pings
+	stopped sync.Once
+
+	cmu      sync.Mutex
+	cqueue   []*advisoryClaim // completions queued by CompleteAsync
+	flushing int              // flushers running
 }
 
-func newAdvisory(b base) *advisory { return &advisory{base: b, held: map[string]bool{}} }
+func newAdvisory(b base) *advisory {
+	f := &advisory{base: b, held: map[string]bool{}, stop: make(chan struct{})}
+	f.keys.f = f
+	return f
+}
 
 func (f *advisory) Form() core.Form { return core.Advisory }
 
@@ -45,10 +56,15 @@ func (f *advisory) Start(ctx context.Context) error {
 		}
 		f.release = rel
 	}
+	go f.keys.pings(f.stop)
 	return nil
 }
 
+// Close ends the holder's pings. Keys still held stay held until their
+// claims complete; the holder's session goes back to the pool with the
+// last of them.
 func (f *advisory) Close() error {
+	f.stopped.Do(func() { close(f.stop) })
 	if f.release != nil {
 		return f.release()
 	}
@@ -130,15 +146,15 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 // takeAll takes the rows of claims whose keys are locked: it counts each
 // row's attempt while the row is still claimable and reads it, and returns
 // the claims whose rows it took. The keys of the rest are released. A plain
-// table takes every row in one statement on any connection (the keys stay
-// locked on their own); a FIFO table takes each row under the dialect's
-// group guard on its key's connection.
+// table takes every row in one statement; a FIFO table takes each row under
+// the dialect's group guard.
 func (f *advisory) takeAll(ctx context.Context, claims []*advisoryClaim) ([]core.Claim, error) {
 	if len(claims) == 0 {
 		return nil, nil
 	}
 	var out []core.Claim
 	var errs error
+	var free []*advisoryClaim
 	keep := func(c *advisoryClaim, r *row, err error) {
 		if err == nil && r != nil {
 			var attempt int
@@ -151,21 +167,18 @@ func (f *advisory) takeAll(ctx context.Context, claims []*advisoryClaim) ([]core
 		if err != nil {
 			errs = errors.Join(errs, fmt.Errorf("sqlxbroker: take advisory row %v: %w", c.id, err))
 		}
-		c.release(ctx)
+		free = append(free, c)
 	}
 	if f.plan.QGroup != "" && f.plan.Caps.GroupGuard != nil {
 		for _, c := range claims {
-			r, err := f.count(ctx, c.conn, c.id)
+			r, err := f.count(ctx, c.id)
 			keep(c, r, err)
 		}
-		return out, errs
+		return out, errors.Join(errs, f.keys.unlock(ctx, free...))
 	}
 	rows, err := f.countAll(ctx, claims)
 	if err != nil {
-		for _, c := range claims {
-			c.release(ctx)
-		}
-		return nil, fmt.Errorf("sqlxbroker: take advisory rows on %s: %w", f.plan.Table.Name, err)
+		return nil, errors.Join(fmt.Errorf("sqlxbroker: take advisory rows on %s: %w", f.plan.Table.Name, err), f.keys.unlock(ctx, claims...))
 	}
 	byID := make(map[string]*row, len(rows))
 	for i := range rows {
@@ -174,13 +187,15 @@ func (f *advisory) takeAll(ctx context.Context, claims []*advisoryClaim) ([]core
 	for _, c := range claims {
 		keep(c, byID[idKey(c.id)], nil)
 	}
-	return out, errs
+	return out, errors.Join(errs, f.keys.unlock(ctx, free...))
 }
 
 // countAll adds 1 to the attempt of each row of claims that is still
 // claimable and returns those rows as they now are: one UPDATE ..
-// RETURNING, or where the dialect has none, an UPDATE per row and one read
-// of the rows it changed, in one transaction.
+// RETURNING, or where the dialect has none, an UPDATE and a read of the
+// rows that still meet the same condition at the same instant. The two
+// agree: the rows' keys are held, so no completion changes a row between
+// them, and the condition does not depend on the attempt.
 func (f *advisory) countAll(ctx context.Context, claims []*advisoryClaim) ([]row, error) {
 	p := f.plan
 	ids := make([]any, len(claims))
@@ -188,83 +203,48 @@ func (f *advisory) countAll(ctx context.Context, claims []*advisoryClaim) ([]row
 		ids[i] = c.id
 	}
 	where, args := p.Ready(p.QTable, core.Now())
-	set := "UPDATE " + p.QTable + " SET " + p.QAttempt + " = " + p.NextAttempt("") + " WHERE "
+	in := p.QTable + "." + p.QID + " IN (?" + strings.Repeat(", ?", len(ids)-1) + ") AND " + where
+	set := "UPDATE " + p.QTable + " SET " + p.QAttempt + " = " + p.NextAttempt("") + " WHERE " + in
+	args = append(ids, args...)
 	if p.Dialect.Features().UpdateReturning {
-		in := p.QTable + "." + p.QID + " IN (?" + strings.Repeat(", ?", len(ids)-1) + ")"
-		rs, err := f.db.QueryxContext(ctx, p.Rebind(set+in+" AND "+where+" RETURNING *"), append(ids, args...)...)
+		rs, err := f.db.QueryxContext(ctx, p.Rebind(set+" RETURNING *"), args...)
 		if err != nil {
 			return nil, err
 		}
 		return readRows(rs)
 	}
-	// Every row of a batch is nearly always still claimable (their keys
-	// are held): one UPDATE of them all, kept when it changed them all;
-	// otherwise an UPDATE per row tells which.
-	changed, tx, err := f.allOrEach(ctx, len(ids),
-		p.Rebind(set+p.QTable+"."+p.QID+" IN (?"+strings.Repeat(", ?", len(ids)-1)+") AND "+where), append(append([]any{}, ids...), args...),
-		p.Rebind(set+p.QTable+"."+p.QID+" = ? AND "+where), func(i int) []any { return append([]any{ids[i]}, args...) })
+	res, err := f.db.ExecContext(ctx, p.Rebind(set), args...)
 	if err != nil {
 		return nil, err
 	}
-	defer tx.Rollback() //nolint:errcheck // no-op after Commit
-	var hit []any
-	for i, ok := range changed {
-		if ok {
-			hit = append(hit, ids[i])
-		}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return nil, err
 	}
-	var rows []row
-	if len(hit) > 0 {
-		rs, err := tx.QueryxContext(ctx, p.Rebind("SELECT * FROM "+p.QTable+" WHERE "+p.QID+" IN (?"+strings.Repeat(", ?", len(hit)-1)+")"), hit...)
-		if err != nil {
-			return nil, err
-		}
-		if rows, err = readRows(rs); err != nil {
-			return nil, err
-		}
+	rs, err := f.db.QueryxContext(ctx, p.Rebind("SELECT * FROM "+p.QTable+" WHERE "+in), args...)
+	if err != nil {
+		return nil, err
 	}
-	return rows, tx.Commit()
+	return readRows(rs)
 }
 
-// tryLocks tries the key of each claim at once, each on a connection of its
-// own, and returns the claims whose keys it locked (their connections now
-// hold them); the keys of the others are dropped and their connections go
-// back to the pool, or are discarded when a try failed.
+// tryLocks tries the keys of wave on the holder's session and returns the
+// claims whose keys it locked; the keys of the others are dropped.
 func (f *advisory) tryLocks(ctx context.Context, wave []*advisoryClaim) ([]*advisoryClaim, error) {
-	locker := f.plan.Caps.AdvisoryLocker
-	errs := make([]error, len(wave))
-	ok := make([]bool, len(wave))
-	var wg sync.WaitGroup
+	keys := make([]string, len(wave))
 	for i, c := range wave {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			conn, err := f.db.Connx(ctx)
-			if err != nil {
-				errs[i] = fmt.Errorf("sqlxbroker: advisory connection: %w", err)
-				return
-			}
-			if ok[i], err = locker.TryAdvisoryLock(ctx, conn, c.key); err != nil {
-				errs[i] = fmt.Errorf("sqlxbroker: try advisory lock %q: %w", c.key, err)
-				_ = conn.Raw(func(any) error { return driver.ErrBadConn }) // its session state is unknown
-			}
-			if !ok[i] {
-				conn.Close()
-				return
-			}
-			c.conn = conn
-		}()
+		keys[i] = c.key
 	}
-	wg.Wait()
+	ok, gen, err := f.keys.try(ctx, keys)
 	var out []*advisoryClaim
 	for i, c := range wave {
-		if ok[i] {
+		if err == nil && ok[i] {
+			c.gen = gen
 			out = append(out, c)
 		} else {
 			f.drop(c.key)
 		}
 	}
-	return out, errors.Join(errs...)
+	return out, err
 }
 
 // hold marks key as held by this form; false when it already is.
@@ -287,7 +267,7 @@ func (f *advisory) drop(key string) {
 // count adds 1 to the row's attempt while it is still claimable and reads
 // it back; nil when it is not claimable any more. For a FIFO table the
 // dialect's group guard is held around the check in a short transaction.
-func (f *advisory) count(ctx context.Context, conn *sqlx.Conn, id any) (*row, error) {
+func (f *advisory) count(ctx context.Context, id any) (*row, error) {
 	p := f.plan
 	where, args := p.Ready(p.QTable, core.Now())
 	upd := "UPDATE " + p.QTable + " SET " + p.QAttempt + " = " + p.NextAttempt("") + " WHERE " + p.QTable + "." + p.QID + " = ? AND " + where
@@ -295,11 +275,11 @@ func (f *advisory) count(ctx context.Context, conn *sqlx.Conn, id any) (*row, er
 	var q interface {
 		sqlx.ExecerContext
 		sqlx.QueryerContext
-	} = conn
+	} = f.db
 	var tx *sqlx.Tx
 	if p.QGroup != "" && p.Caps.GroupGuard != nil {
 		var err error
-		if tx, err = conn.BeginTxx(ctx, f.txOptions()); err != nil {
+		if tx, err = f.db.BeginTxx(ctx, f.txOptions()); err != nil {
 			return nil, err
 		}
 		defer tx.Rollback() //nolint:errcheck // no-op after Commit
@@ -367,44 +347,136 @@ func (f *advisory) groupOf(ctx context.Context, q sqlx.QueryerContext, id any) (
 
 type advisoryClaim struct {
 	f    *advisory
-	conn *sqlx.Conn // holds the key's lock
+	gen  *holding // the holder's session that locked the key
 	key  string
 	id   any
 	d    *core.Delivery
-}
-
-// release unlocks the key of a claim whose row was not taken and lets the
-// connection go (closed for good when the unlock failed: the session may
-// still hold the key).
-func (c *advisoryClaim) release(ctx context.Context) {
-	if err := c.f.plan.Caps.AdvisoryLocker.AdvisoryUnlock(context.WithoutCancel(ctx), c.conn, c.key); err != nil {
-		_ = c.conn.Raw(func(any) error { return driver.ErrBadConn })
-	}
-	c.conn.Close()
-	c.f.drop(c.key)
+	o    core.Outcome // CompleteAsync
+	done func(error)  // CompleteAsync
 }
 
 func (c *advisoryClaim) Delivery() *core.Delivery { return c.d }
-func (c *advisoryClaim) Lost() <-chan struct{}    { return nil }
+func (c *advisoryClaim) Lost() <-chan struct{}    { return c.gen.lost }
 
-// Complete records o on the delivery's connection, then releases the key
-// and the connection. When the connection has failed, its session is gone
-// and the database has dropped the key with it: the row, attempt counted,
-// is claimable again.
+// OnLost calls fn when the session holding the key ends before the
+// claim completes (core.LostNotifier).
+func (c *advisoryClaim) OnLost(fn func()) { c.gen.onLost(c, fn) }
+
+// lost is what completing a claim whose session ended returns.
+func (c *advisoryClaim) lost(o core.Outcome) error {
+	return fmt.Errorf("%w: the session holding advisory key %q ended before the %s completion", core.ErrLeaseLost, c.key, o.Kind)
+}
+
+// Complete records o, then releases the key, through the form's queue of
+// completions (see CompleteAsync), so completions use at most flushers
+// connections whatever the concurrency. When the session holding the key
+// ended first, another claim may already have the row: Complete changes
+// nothing and returns core.ErrLeaseLost (the row, attempt counted, is
+// claimable again). When ctx ends first Complete returns its error; the
+// completion is still written.
 func (c *advisoryClaim) Complete(ctx context.Context, o core.Outcome) error {
+	reply := make(chan error, 1)
+	c.CompleteAsync(ctx, o, func(err error) { reply <- err })
+	select {
+	case err := <-reply:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// CompleteAsync queues the completion and returns at once
+// (core.AsyncCompleter): completions that queue while up to flushers
+// batches are written go together, successes in one statement, and their
+// keys are released in one.
+func (c *advisoryClaim) CompleteAsync(ctx context.Context, o core.Outcome, done func(error)) {
 	f := c.f
-	var err error
+	c.o, c.done = o, done
+	f.cmu.Lock()
+	f.cqueue = append(f.cqueue, c)
+	start := f.flushing < flushers
+	if start {
+		f.flushing++
+	}
+	f.cmu.Unlock()
+	if start {
+		go f.flusher()
+	}
+}
+
+// completeOne records o for one claim.
+func (f *advisory) completeOne(ctx context.Context, c *advisoryClaim, o core.Outcome) error {
 	if q, args := f.completion(o, false, false, ""); q != "" {
-		if _, e := c.conn.ExecContext(ctx, q, append(args, c.d.ID())...); e != nil {
-			err = fmt.Errorf("sqlxbroker: advisory completion (%s): %w", o.Kind, e)
+		if _, err := f.db.ExecContext(ctx, q, append(args, c.d.ID())...); err != nil {
+			return fmt.Errorf("sqlxbroker: advisory completion (%s): %w", o.Kind, err)
 		}
 	}
-	if e := f.plan.Caps.AdvisoryLocker.AdvisoryUnlock(ctx, c.conn, c.key); e != nil {
-		err = errors.Join(err, fmt.Errorf("sqlxbroker: advisory unlock %q: %w", c.key, e))
-		// The key may still be held: close the session rather than return it to the pool.
-		_ = c.conn.Raw(func(any) error { return driver.ErrBadConn })
+	return nil
+}
+
+// flusher writes queued completions, a batch at a time, until none is left.
+func (f *advisory) flusher() {
+	for {
+		f.cmu.Lock()
+		n := min(len(f.cqueue), maxBatch)
+		if n == 0 {
+			f.flushing--
+			f.cmu.Unlock()
+			return
+		}
+		batch := f.cqueue[:n:n]
+		f.cqueue = f.cqueue[n:]
+		f.cmu.Unlock()
+		f.flush(batch)
 	}
-	c.conn.Close()
-	f.drop(c.key)
-	return err
+}
+
+// flush records a batch: the successes in one statement, every other
+// outcome alone; then it releases the batch's keys and answers each claim.
+func (f *advisory) flush(batch []*advisoryClaim) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	errs := make([]error, len(batch))
+	var wins []any
+	var won []int
+	for i, c := range batch {
+		c.gen.forget(c)
+		switch {
+		case c.gen.isLost():
+			errs[i] = c.lost(c.o)
+		case c.o.Kind == core.Succeeded:
+			wins, won = append(wins, c.d.ID()), append(won, i)
+		default:
+			errs[i] = f.completeOne(ctx, c, c.o)
+		}
+	}
+	if len(wins) > 0 {
+		if err := f.succeedAll(ctx, wins); err != nil {
+			for _, i := range won {
+				errs[i] = err
+			}
+		}
+	}
+	// A failed release closes the holder's session, which releases the
+	// keys anyway: the completions it followed stand, and the holder's
+	// other deliveries are lost.
+	_ = f.keys.unlock(ctx, batch...)
+	for i, c := range batch {
+		c.done(errs[i])
+	}
+}
+
+// succeedAll completes the rows of ids as succeeded in one statement:
+// deleted, or marked done when the table has a DoneAt column.
+func (f *advisory) succeedAll(ctx context.Context, ids []any) error {
+	p := f.plan
+	q, args := "DELETE FROM "+p.QTable, []any(nil)
+	if p.QDoneAt != "" {
+		q, args = "UPDATE "+p.QTable+" SET "+p.QDoneAt+" = ?", []any{p.Time(core.Now())}
+	}
+	q += " WHERE " + p.QID + " IN (?" + strings.Repeat(", ?", len(ids)-1) + ")"
+	if _, err := f.db.ExecContext(ctx, p.Rebind(q), append(args, ids...)...); err != nil {
+		return fmt.Errorf("sqlxbroker: advisory completion (%d succeeded): %w", len(ids), err)
+	}
+	return nil
 }

@@ -81,6 +81,7 @@ var _ interface {
 	core.RowLocker
 	core.Leaser
 	core.AdvisoryLocker
+	core.AdvisoryBatcher
 	core.GroupGuard
 	core.ServerChecker
 	core.TableChecker
@@ -328,6 +329,53 @@ func (Dialect) TryAdvisoryLock(ctx context.Context, conn *sqlx.Conn, key string)
 func (Dialect) AdvisoryUnlock(ctx context.Context, conn *sqlx.Conn, key string) error {
 	var released sql.NullInt64
 	return conn.QueryRowxContext(ctx, unlock, !printable(key), hexOf(key)).Scan(&released)
+}
+
+// TryAdvisoryLocks tries every key as TryAdvisoryLock does, in one
+// statement of one GET_LOCK per key (core.AdvisoryBatcher).
+func (Dialect) TryAdvisoryLocks(ctx context.Context, conn *sqlx.Conn, keys []string) ([]bool, error) {
+	q, args := perKey("GET_LOCK("+lockName+", 0)", keys)
+	got := make([]sql.NullInt64, len(keys))
+	dest := make([]any, len(keys))
+	for i := range got {
+		dest[i] = &got[i]
+	}
+	if err := conn.QueryRowxContext(ctx, q, args...).Scan(dest...); err != nil {
+		return nil, err
+	}
+	out := make([]bool, len(keys))
+	for i, g := range got {
+		if !g.Valid {
+			return nil, fmt.Errorf("sqlxbroker: mysql: GET_LOCK for key %q returned NULL", keys[i])
+		}
+		out[i] = g.Int64 == 1
+	}
+	return out, nil
+}
+
+// AdvisoryUnlocks releases keys in one statement (core.AdvisoryBatcher).
+func (Dialect) AdvisoryUnlocks(ctx context.Context, conn *sqlx.Conn, keys []string) error {
+	q, args := perKey("RELEASE_LOCK("+lockName+")", keys)
+	released := make([]any, len(keys))
+	for i := range released {
+		released[i] = new(sql.NullInt64)
+	}
+	return conn.QueryRowxContext(ctx, q, args...).Scan(released...)
+}
+
+// perKey selects expr once per key, each with the key's two arguments.
+func perKey(expr string, keys []string) (string, []any) {
+	var b strings.Builder
+	args := make([]any, 0, 2*len(keys))
+	b.WriteString("SELECT ")
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(expr)
+		args = append(args, !printable(k), hexOf(k))
+	}
+	return b.String(), args
 }
 
 func hexOf(s string) string { return fmt.Sprintf("%x", s) }

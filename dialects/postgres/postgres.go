@@ -69,6 +69,7 @@ var _ interface {
 	core.Leaser
 	core.LeaseFencer
 	core.AdvisoryLocker
+	core.AdvisoryBatcher
 	core.GroupGuard
 	core.ServerChecker
 	core.TxChainer
@@ -204,6 +205,45 @@ func (Dialect) TryAdvisoryLock(ctx context.Context, conn *sqlx.Conn, key string)
 func (Dialect) AdvisoryUnlock(ctx context.Context, conn *sqlx.Conn, key string) error {
 	var ok bool
 	return conn.QueryRowContext(ctx, advisoryUnlock, textKey(key)).Scan(&ok)
+}
+
+const (
+	tryAdvisoryLocks = `SELECT pg_try_advisory_lock(hashtextextended(k, 0)) FROM unnest($1::text[]) WITH ORDINALITY AS u(k, i) ORDER BY i`
+	advisoryUnlocks  = `SELECT count(pg_advisory_unlock(hashtextextended(k, 0))) FROM unnest($1::text[]) AS u(k)`
+)
+
+// TryAdvisoryLocks tries every key as TryAdvisoryLock does, in one
+// statement (core.AdvisoryBatcher).
+func (Dialect) TryAdvisoryLocks(ctx context.Context, conn *sqlx.Conn, keys []string) ([]bool, error) {
+	rows, err := conn.QueryContext(ctx, tryAdvisoryLocks, keysArray(keys))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make([]bool, 0, len(keys))
+	for rows.Next() {
+		var ok bool
+		if err := rows.Scan(&ok); err != nil {
+			return nil, err
+		}
+		out = append(out, ok)
+	}
+	return out, rows.Err()
+}
+
+// AdvisoryUnlocks releases keys in one statement (core.AdvisoryBatcher).
+func (Dialect) AdvisoryUnlocks(ctx context.Context, conn *sqlx.Conn, keys []string) error {
+	_, err := conn.ExecContext(ctx, advisoryUnlocks, keysArray(keys))
+	return err
+}
+
+// keysArray is the text array literal of keys as textKey sends them.
+func keysArray(keys []string) string {
+	vals := make([]any, len(keys))
+	for i, k := range keys {
+		vals[i] = textKey(k)
+	}
+	return arrayLiteral(vals)
 }
 
 // textKey returns key if PostgreSQL text can hold it, else its Go-quoted form.

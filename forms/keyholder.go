@@ -1,0 +1,261 @@
+package forms
+
+import (
+	"context"
+	"database/sql/driver"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/sqlxbroker/sqlxbroker/core"
+)
+
+// keyHolder is the session that holds an advisory form's keys: one
+// connection, taken from the pool when a key is tried while none is held
+// and given back when the last is released. A claim's keys are tried in one
+// statement (core.AdvisoryBatcher), and completions that end together
+// release theirs in one: the first to reach the session releases the keys
+// queued by all.
+//
+// Its statements run without the caller's cancellation (a stopping
+// subscription must not lose the keys of the deliveries in work) but with a
+// timeout. When one fails, the session's locks are unknown: it is closed,
+// which makes the server drop them, and its deliveries are lost (holding).
+// While keys are held an idle session is pinged every pingEvery, so a
+// session that ended (killed, failed over) cancels its handlers within
+// about that time.
+type keyHolder struct {
+	f     *advisory
+	mu    sync.Mutex // the session runs one statement at a time
+	sess  *sqlx.Conn
+	gen   *holding // the deliveries of sess
+	n     int      // keys sess holds
+	used  time.Time
+	qmu   sync.Mutex
+	queue []*advisoryClaim // claims whose keys wait for release
+}
+
+// holderTimeout bounds each statement of the holder's session.
+const holderTimeout = 10 * time.Second
+
+// pingEvery is how often a holder's idle session is checked while it holds
+// keys.
+var pingEvery = time.Second
+
+// batchKeys is the most keys one statement tries or releases.
+const batchKeys = 500
+
+// stmtCtx is the context of a statement on the session: ctx's values, not
+// its end, and holderTimeout.
+func stmtCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), holderTimeout)
+}
+
+// try tries keys on the session (taking one when none is held) and returns
+// which it locked and the session's deliveries.
+func (h *keyHolder) try(ctx context.Context, keys []string) ([]bool, *holding, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.sess == nil {
+		conn, err := h.f.db.Connx(ctx)
+		if err != nil {
+			return nil, nil, fmt.Errorf("sqlxbroker: advisory: a session for the keys: %w", err)
+		}
+		h.sess, h.gen = conn, &holding{lost: make(chan struct{})}
+	}
+	sctx, cancel := stmtCtx(ctx)
+	defer cancel()
+	ok, err := lockKeys(sctx, h.f.plan.Caps, h.sess, keys)
+	if err != nil {
+		h.fail()
+		return nil, nil, fmt.Errorf("sqlxbroker: try advisory locks (%d keys): %w", len(keys), err)
+	}
+	for _, b := range ok {
+		if b {
+			h.n++
+		}
+	}
+	h.used = time.Now()
+	gen := h.gen
+	if h.n == 0 {
+		h.giveBack()
+	}
+	return ok, gen, nil
+}
+
+// unlock releases the keys of cs and of every claim queued meanwhile, and
+// drops them from the form's keys. Keys of a session that ended need no
+// release: the server dropped them with it.
+func (h *keyHolder) unlock(ctx context.Context, cs ...*advisoryClaim) error {
+	if len(cs) == 0 {
+		return nil
+	}
+	h.qmu.Lock()
+	h.queue = append(h.queue, cs...)
+	h.qmu.Unlock()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.qmu.Lock()
+	q := h.queue
+	h.queue = nil
+	h.qmu.Unlock()
+	var keys []string
+	for _, c := range q {
+		if h.sess != nil && c.gen == h.gen {
+			keys = append(keys, c.key)
+		}
+	}
+	var err error
+	if len(keys) > 0 {
+		sctx, cancel := stmtCtx(ctx)
+		err = unlockKeys(sctx, h.f.plan.Caps, h.sess, keys)
+		cancel()
+		if err != nil {
+			err = fmt.Errorf("sqlxbroker: advisory unlock (%d keys): %w; the session holding the form's keys is closed, which releases them", len(keys), err)
+			h.fail()
+		} else {
+			h.used = time.Now()
+			if h.n -= len(keys); h.n == 0 {
+				h.giveBack()
+			}
+		}
+	}
+	for _, c := range q {
+		h.f.drop(c.key)
+	}
+	return err
+}
+
+// pings checks the session every pingEvery while it holds keys and has run
+// no statement meanwhile, until stop is closed.
+func (h *keyHolder) pings(stop <-chan struct{}) {
+	t := time.NewTicker(pingEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		h.mu.Lock()
+		if h.sess != nil && time.Since(h.used) >= pingEvery {
+			ctx, cancel := context.WithTimeout(context.Background(), holderTimeout)
+			if err := h.sess.PingContext(ctx); err != nil {
+				h.fail()
+			}
+			cancel()
+			h.used = time.Now()
+		}
+		h.mu.Unlock()
+	}
+}
+
+// fail closes the session for good (the server drops its keys) and loses
+// its deliveries.
+func (h *keyHolder) fail() {
+	_ = h.sess.Raw(func(any) error { return driver.ErrBadConn })
+	h.sess.Close()
+	h.gen.lose()
+	h.sess, h.gen, h.n = nil, nil, 0
+}
+
+// giveBack returns the session, which holds no key, to the pool.
+func (h *keyHolder) giveBack() {
+	h.sess.Close()
+	h.sess, h.gen = nil, nil
+}
+
+// lockKeys tries keys on conn: in statements of up to batchKeys keys where
+// the dialect batches them, else one by one.
+func lockKeys(ctx context.Context, caps core.Capabilities, conn *sqlx.Conn, keys []string) ([]bool, error) {
+	if b := caps.AdvisoryBatcher; b != nil {
+		var out []bool
+		for i := 0; i < len(keys); i += batchKeys {
+			ok, err := b.TryAdvisoryLocks(ctx, conn, keys[i:min(i+batchKeys, len(keys))])
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, ok...)
+		}
+		if len(out) != len(keys) {
+			return nil, fmt.Errorf("the dialect's TryAdvisoryLocks returned %d results for %d keys", len(out), len(keys))
+		}
+		return out, nil
+	}
+	out := make([]bool, len(keys))
+	for i, k := range keys {
+		var err error
+		if out[i], err = caps.AdvisoryLocker.TryAdvisoryLock(ctx, conn, k); err != nil {
+			return nil, fmt.Errorf("key %q: %w", k, err)
+		}
+	}
+	return out, nil
+}
+
+// unlockKeys releases keys on conn, batched as lockKeys tries them.
+func unlockKeys(ctx context.Context, caps core.Capabilities, conn *sqlx.Conn, keys []string) error {
+	if b := caps.AdvisoryBatcher; b != nil {
+		for i := 0; i < len(keys); i += batchKeys {
+			if err := b.AdvisoryUnlocks(ctx, conn, keys[i:min(i+batchKeys, len(keys))]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for _, k := range keys {
+		if err := caps.AdvisoryLocker.AdvisoryUnlock(ctx, conn, k); err != nil {
+			return fmt.Errorf("key %q: %w", k, err)
+		}
+	}
+	return nil
+}
+
+// holding is one session's deliveries: lost is closed, and their OnLost
+// functions called, when the session ends while it holds keys.
+type holding struct {
+	lost chan struct{}
+	mu   sync.Mutex
+	gone bool
+	fns  map[*advisoryClaim]func()
+}
+
+func (g *holding) lose() {
+	g.mu.Lock()
+	g.gone = true
+	fns := g.fns
+	g.fns = nil
+	close(g.lost)
+	g.mu.Unlock()
+	for _, fn := range fns {
+		fn()
+	}
+}
+
+func (g *holding) isLost() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.gone
+}
+
+func (g *holding) onLost(c *advisoryClaim, fn func()) {
+	g.mu.Lock()
+	if g.gone {
+		g.mu.Unlock()
+		fn()
+		return
+	}
+	if g.fns == nil {
+		g.fns = map[*advisoryClaim]func(){}
+	}
+	g.fns[c] = fn
+	g.mu.Unlock()
+}
+
+func (g *holding) forget(c *advisoryClaim) {
+	g.mu.Lock()
+	delete(g.fns, c)
+	g.mu.Unlock()
+}
+
+var _ core.LostNotifier = (*advisoryClaim)(nil)
