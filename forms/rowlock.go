@@ -22,14 +22,24 @@ type rowLock struct {
 	chain  string // the dialect's COMMIT AND CHAIN (TxChainer); "" for none
 	mu     sync.Mutex
 	spares []*claimTx // chained transactions waiting for their next claim
+
+	prepare bool // the dialect lets forms prepare statements
+	smu     sync.Mutex
+	stmts   map[string]*sqlx.Stmt // prepared claims and completions, by text
 }
 
 // claimTx is a claim transaction and the context its life is bound to.
 type claimTx struct {
-	tx     *sqlx.Tx
-	ctx    context.Context
-	cancel context.CancelFunc
+	tx      *sqlx.Tx
+	ctx     context.Context
+	cancel  context.CancelFunc
+	chained int // deliveries this transaction has carried
 }
+
+// maxChained is the most deliveries one chained transaction carries when
+// statements are prepared: database/sql keeps every statement used in a
+// transaction until it ends, so a chain that never ended would grow.
+const maxChained = 64
 
 func (t *claimTx) rollback() {
 	_ = t.tx.Rollback()
@@ -55,6 +65,7 @@ func (f *rowLock) Start(ctx context.Context) error {
 		}
 		f.chain = chain
 	}
+	f.prepare = f.plan.Caps.Preparer != nil && f.plan.Caps.Preparer.PrepareStatements()
 	return nil
 }
 
@@ -63,7 +74,88 @@ func (f *rowLock) Start(ctx context.Context) error {
 func (f *rowLock) Close() error {
 	f.cancel()
 	f.dropSpares()
+	f.smu.Lock()
+	defer f.smu.Unlock()
+	for q, st := range f.stmts {
+		st.Close()
+		delete(f.stmts, q)
+	}
 	return nil
+}
+
+// prepared returns q prepared, nil when statements are not prepared or q
+// could not be (it then runs unprepared, and reports its own error).
+func (f *rowLock) prepared(ctx context.Context, q string) *sqlx.Stmt {
+	if !f.prepare {
+		return nil
+	}
+	f.smu.Lock()
+	defer f.smu.Unlock()
+	if st := f.stmts[q]; st != nil {
+		return st
+	}
+	if f.life.Err() != nil {
+		return nil
+	}
+	st, err := f.db.PreparexContext(ctx, q)
+	if err != nil {
+		return nil
+	}
+	if f.stmts == nil {
+		f.stmts = map[string]*sqlx.Stmt{}
+	}
+	f.stmts[q] = st
+	return st
+}
+
+// evict drops a prepared statement that failed: it is prepared again on its
+// next use (a table altered since, a session that lost it).
+func (f *rowLock) evict(q string, st *sqlx.Stmt) {
+	f.smu.Lock()
+	defer f.smu.Unlock()
+	if f.stmts[q] == st {
+		delete(f.stmts, q)
+		st.Close()
+	}
+}
+
+// query runs q in t, prepared where the dialect allows, and reads its rows.
+func (f *rowLock) query(ctx context.Context, t *claimTx, q string, args []any) ([]row, error) {
+	st := f.prepared(ctx, q)
+	if st == nil {
+		r, err := t.tx.QueryxContext(ctx, q, args...)
+		if err != nil {
+			return nil, err
+		}
+		return readRows(r)
+	}
+	ts := t.tx.StmtxContext(ctx, st)
+	defer ts.Close()
+	r, err := ts.QueryxContext(ctx, args...)
+	var rows []row
+	if err == nil {
+		rows, err = readRows(r)
+	}
+	if err != nil {
+		f.evict(q, st)
+	}
+	return rows, err
+}
+
+// exec runs q in t, prepared where the dialect allows.
+func (f *rowLock) exec(ctx context.Context, t *claimTx, q string, args []any) error {
+	st := f.prepared(ctx, q)
+	if st == nil {
+		_, err := t.tx.ExecContext(ctx, q, args...)
+		return err
+	}
+	ts := t.tx.StmtxContext(ctx, st)
+	defer ts.Close()
+	_, err := ts.ExecContext(ctx, args...)
+	if err != nil {
+		f.evict(q, st)
+	}
+	return err
 }
 
 // spare returns a chained transaction waiting for a claim, or nil.
@@ -213,12 +305,8 @@ func (f *rowLock) claimIn(ctx context.Context, t *claimTx) (core.Claim, error) {
 		// From the cursor first; when that finds nothing, from the start.
 		for retry := false; ; retry = true {
 			from, fromArgs := f.scan.from(p, p.Alias, retry)
-			var r *sqlx.Rows
-			r, err = t.tx.QueryxContext(ctx, p.Rebind("SELECT * FROM "+p.QTable+" "+p.Alias+" WHERE "+where+from+
-				" ORDER BY "+p.OrderBy(p.Alias)+" LIMIT 1 "+p.Caps.RowLocker.SkipLocked()), append(args, fromArgs...)...)
-			if err == nil {
-				rows, err = readRows(r)
-			}
+			rows, err = f.query(ctx, t, p.Rebind("SELECT * FROM "+p.QTable+" "+p.Alias+" WHERE "+where+from+
+				" ORDER BY "+p.OrderBy(p.Alias)+" LIMIT 1 "+p.Caps.RowLocker.SkipLocked()), append(args, fromArgs...))
 			if err != nil || len(rows) > 0 || from == "" {
 				break
 			}
@@ -316,11 +404,11 @@ func (c *rowLockClaim) Complete(ctx context.Context, o core.Outcome) error {
 		}
 	}
 	q, args := c.f.completion(o, true, false, "")
-	if _, err := t.tx.ExecContext(ctx, q, append(args, c.d.ID())...); err != nil {
+	if err := c.f.exec(ctx, t, q, append(args, c.d.ID())); err != nil {
 		t.rollback()
 		return fmt.Errorf("sqlxbroker: row-lock completion (%s): %w", o.Kind, err)
 	}
-	if c.f.chain != "" && !used {
+	if t.chained++; c.f.chain != "" && !used && (!c.f.prepare || t.chained < maxChained) {
 		if _, err := t.tx.ExecContext(ctx, c.f.chain); err != nil {
 			t.rollback()
 			return fmt.Errorf("sqlxbroker: row-lock commit (%s): %w", o.Kind, err)

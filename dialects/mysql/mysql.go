@@ -88,7 +88,12 @@ var _ interface {
 	core.TableCreator
 	core.ClaimBeginner
 	core.TxChainer
+	core.StatementPreparer
 } = Dialect{}
+
+// PrepareStatements: always (core.StatementPreparer); the server prepares
+// a statement again by itself when its table changes.
+func (Dialect) PrepareStatements() bool { return true }
 
 func (d Dialect) Name() string {
 	if d.MariaDB {

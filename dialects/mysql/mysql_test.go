@@ -699,3 +699,39 @@ func TestRowLockChainsCommits(t *testing.T) {
 		}
 	}
 }
+
+// TestRowLockPrepared: the row-lock form prepares its claim and completion
+// once per connection (core.StatementPreparer) and executes them for every
+// row: a drain of one handler prepares a few statements and executes two
+// per row.
+func TestRowLockPrepared(t *testing.T) {
+	const rows = 100
+	db := openDB(t, testDSN(t))
+	b := openBroker(t, db)
+	status := func(name string) int {
+		var n int
+		if err := db.QueryRow("SHOW GLOBAL STATUS LIKE '"+name+"'").Scan(&name, &n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	tbl := newTable(t, b, sqlxbroker.Table{}, payload...)
+	msgs := make([]msg, rows)
+	for i := range msgs {
+		msgs[i] = msg{N: int64(i)}
+	}
+	publish(t, b, tbl, msgs...)
+	prep, exec := status("Com_stmt_prepare"), status("Com_stmt_execute")
+	s := subscribe(t, b, tbl, func(ctx context.Context, d *sqlxbroker.Delivery) error { return nil },
+		sqlxbroker.SubscribeParams{Concurrency: 1, PollInterval: 50 * time.Millisecond})
+	waitFor(t, time.Minute, "every row completed", func() bool { return s.Stats().Succeeded == rows })
+	stop(t, s)
+	prep, exec = status("Com_stmt_prepare")-prep, status("Com_stmt_execute")-exec
+	t.Logf("%d rows: %d statements prepared, %d executed", rows, prep, exec)
+	if exec < 2*rows {
+		t.Errorf("%d prepared statements executed for %d rows, want at least 2 per row", exec, rows)
+	}
+	if prep > 10 {
+		t.Errorf("%d statements prepared for %d rows: not reused", prep, rows)
+	}
+}

@@ -61,6 +61,10 @@ type Dialect struct {
 	// DSN, and any other pool reads notifications on a pooled connection
 	// every heartbeat (100 ms).
 	ListenDSN string
+	// NoPrepare keeps forms from preparing statements
+	// (core.StatementPreparer): set it behind PgBouncer in transaction mode
+	// before 1.21, or with max_prepared_statements = 0.
+	NoPrepare bool
 }
 
 var _ interface {
@@ -73,11 +77,15 @@ var _ interface {
 	core.GroupGuard
 	core.ServerChecker
 	core.TxChainer
+	core.StatementPreparer
 	core.Waker
 	core.TableCreator
 } = Dialect{}
 
 func (Dialect) Name() string { return "PostgreSQL" }
+
+// PrepareStatements: unless NoPrepare (core.StatementPreparer).
+func (d Dialect) PrepareStatements() bool { return !d.NoPrepare }
 
 // QuoteIdent double-quotes ident.
 func (Dialect) QuoteIdent(ident string) string { return pq.QuoteIdentifier(ident) }
