@@ -240,7 +240,7 @@ func publish(t TB, b *sqlxbroker.Broker, tb core.Table, msgs ...msg) {
 
 func (tg *Target) broker(t TB) *sqlxbroker.Broker {
 	db := tg.Open(t)
-	// The row-lock and advisory forms hold a connection per delivery; with
+	// The row-lock form holds a connection per delivery; with
 	// database/sql's default of 2 idle connections every delivery would
 	// open a new one.
 	db.SetMaxIdleConns(64)

@@ -9,8 +9,9 @@ import (
 // conditions matches the sentinel with errors.Is.
 var (
 	// ErrLeaseLost: a lease-form completion or renewal found another
-	// claim's token (deadline) in the row, or no row at all. Nothing in the
-	// row was changed.
+	// claim's token (deadline) in the row, or no row at all; or an
+	// advisory-form completion came after the session holding its key
+	// ended. Nothing in the row was changed.
 	ErrLeaseLost = errors.New("sqlxbroker: lease lost")
 
 	// ErrServerTooOld: the database server is older than the lower bound

@@ -49,8 +49,9 @@ type Claim interface {
 	// Delivery is what the handler receives.
 	Delivery() *Delivery
 	// Lost is closed when the form's hold on the row is gone before
-	// completion (a lease that could not be renewed in time). Nil when the
-	// form cannot lose a row while it is held.
+	// completion (a lease that could not be renewed in time, an advisory
+	// key session that ended). Nil when the form cannot lose a row while
+	// it is held.
 	Lost() <-chan struct{}
 	// Complete records o and lets the row go. It is called once. It
 	// returns ErrLeaseLost (and changes nothing) when the hold was lost.
@@ -67,11 +68,11 @@ type LostNotifier interface {
 }
 
 // AsyncCompleter is an optional interface of a Claim whose completions are
-// queued and written together (the lease form). CompleteAsync records o as
-// Complete does, but returns at once and calls done with what Complete
-// would have returned once the outcome is written (or failed), from
-// another goroutine; done is called exactly once, and the form must bound
-// how long that takes. The engine then frees the handler at once, so claims
+// queued and written together (the lease and advisory forms).
+// CompleteAsync records o as Complete does, but returns at once and calls
+// done with what Complete would have returned once the outcome is written
+// (or failed), from another goroutine; done is called exactly once, and
+// the form must bound how long that takes. The engine then frees the handler at once, so claims
 // go on while completions wait for their batch; it keeps at most
 // Concurrency completions waiting this way, and Stop waits for them.
 type AsyncCompleter interface {

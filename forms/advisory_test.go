@@ -1,0 +1,87 @@
+package forms_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sqlxbroker/sqlxbroker"
+	"github.com/sqlxbroker/sqlxbroker/conformance"
+	"github.com/sqlxbroker/sqlxbroker/dialects/sqlite"
+)
+
+// TestAdvisoryBatchedDone drains an advisory table with a DoneAt column
+// through the engine, whose completions the form queues and writes in
+// batches: every row must be marked done once and kept, no two rows of a
+// key may run at once, and once the drain is over the subscription holds
+// no connection (the key session went back to the pool with its last key).
+func TestAdvisoryBatchedDone(t *testing.T) {
+	ctx := context.Background()
+	db, err := sqlite.Open(filepath.Join(t.TempDir(), "advisory.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	b, err := sqlxbroker.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := sqlxbroker.Table{Name: "jobs", AdvisoryLock: "acct-{account}", DoneAt: "done_at"}
+	if err := b.CreateTable(ctx, tb, [2]string{"account", "text"}); err != nil {
+		t.Fatal(err)
+	}
+	const rows, keys = 200, 7
+	msgs := make([]any, rows)
+	for i := range msgs {
+		msgs[i] = map[string]any{"account": fmt.Sprint(i % keys)}
+	}
+	if err := b.Publish(ctx, db, tb, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	inWork, runs := map[string]int{}, map[any]int{}
+	s, err := b.Subscribe(ctx, tb, func(ctx context.Context, d *sqlxbroker.Delivery) error {
+		mu.Lock()
+		runs[d.ID()]++
+		if inWork[d.Key()]++; inWork[d.Key()] > 1 {
+			t.Errorf("two rows of key %s run at once", d.Key())
+		}
+		mu.Unlock()
+		time.Sleep(time.Millisecond)
+		mu.Lock()
+		inWork[d.Key()]--
+		mu.Unlock()
+		return nil
+	}, sqlxbroker.SubscribeParams{Concurrency: 16, PollInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conformance.WaitFor(t, 30*time.Second, "every row marked done", func() bool {
+		var n int
+		_ = db.Get(&n, "SELECT count(*) FROM jobs WHERE done_at IS NOT NULL")
+		return n == rows
+	})
+	conformance.WaitFor(t, 10*time.Second, "the subscription to hold no connection", func() bool {
+		return db.Stats().InUse == 0
+	})
+	if err := s.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var total int
+	if err := db.Get(&total, "SELECT count(*) FROM jobs"); err != nil || total != rows {
+		t.Errorf("%d rows kept (%v), want %d: done rows are marked, not deleted", total, err, rows)
+	}
+	if st := s.Stats(); st.Succeeded != rows || st.CompleteErrors != 0 {
+		t.Errorf("stats %+v, want %d successes and no completion error", st, rows)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for id, n := range runs {
+		if n != 1 {
+			t.Errorf("row %v ran %d times", id, n)
+		}
+	}
+}
