@@ -111,18 +111,22 @@ type Subscription struct {
 
 	completeBy sharedDeadline // completion contexts: CompleteTimeout
 	batching   bool           // the form claims batches (Batching)
+	claimers   int            // claim loops (Pipelining)
 	dry        atomic.Bool    // the last claim found fewer rows than asked
 
 	wake       chan struct{}
 	freed      chan struct{}
+	unreserved chan struct{} // a claim gave back handlers it reserved
 	idleMu     sync.Mutex
 	idle       []idler        // idle workers, the first idle first
 	idleClosed bool           // claims have stopped: workers end
 	inflight   atomic.Int64   // deliveries whose handler or completion runs
+	reserveMu  sync.Mutex     // a claim loop's look at free handlers and its reservation
+	reserved   atomic.Int64   // handlers claims in progress may fill
 	pending    atomic.Int64   // completions queued by AsyncCompleter
 	handlers   sync.WaitGroup // workers
 	queued     sync.WaitGroup // completions queued by AsyncCompleter
-	loopDone   chan struct{}
+	loops      sync.WaitGroup // claim loops
 	done       chan struct{}
 	stopOnce   sync.Once
 	stopErr    error
@@ -145,14 +149,21 @@ func Subscribe(ctx context.Context, form ClaimForm, h Handler, p SubscribeParams
 		return nil, err
 	}
 	s := &Subscription{form: form, h: h, p: p, log: p.Logger,
-		wake: make(chan struct{}, 1), freed: make(chan struct{}, 1),
-		loopDone: make(chan struct{}), done: make(chan struct{}), completeBy: sharedDeadline{d: p.CompleteTimeout}}
+		wake: make(chan struct{}, 1), freed: make(chan struct{}, 1), unreserved: make(chan struct{}, 1),
+		done: make(chan struct{}), completeBy: sharedDeadline{d: p.CompleteTimeout}}
 	if b, ok := form.(Batching); ok {
 		s.batching = b.BatchesClaims()
 	}
+	s.claimers = 1
+	if pl, ok := form.(Pipelining); ok && s.batching {
+		s.claimers = max(1, pl.ClaimsAtOnce())
+	}
 	s.claimCtx, s.stopClaims = context.WithCancel(context.Background())
 	s.hardCtx, s.hardCancel = context.WithCancel(context.Background())
-	go s.loop()
+	for i := range s.claimers {
+		s.loops.Add(1)
+		go s.loop(i == 0)
+	}
 	go s.trimIdle()
 	go func() {
 		select {
@@ -194,7 +205,7 @@ func (s *Subscription) InFlight() int { return int(s.inflight.Load() + s.pending
 func (s *Subscription) Stop(ctx context.Context) error {
 	s.stopOnce.Do(func() {
 		s.stopClaims()
-		<-s.loopDone
+		s.loops.Wait()
 		s.closeIdle()
 		finished := make(chan struct{})
 		go func() { s.handlers.Wait(); s.queued.Wait(); close(finished) }()
@@ -216,8 +227,13 @@ func (s *Subscription) Stop(ctx context.Context) error {
 	return s.stopErr
 }
 
-func (s *Subscription) loop() {
-	defer close(s.loopDone)
+// loop claims for free handlers until claims stop. A form that pipelines
+// its claims (Pipelining) has several loops: each reserves the handlers it
+// claims for, so together they never claim more than Concurrency. Only the
+// first polls an idle table; the others claim again when a handler is
+// freed.
+func (s *Subscription) loop(first bool) {
+	defer s.loops.Done()
 	idle := s.p.MinPollInterval
 	// A form that claims a batch in one statement claims once half a batch
 	// of handlers is free while work is in flight, so claims are not made
@@ -229,18 +245,43 @@ func (s *Subscription) loop() {
 		least = (s.p.BatchSize + 1) / 2
 	}
 	for s.claimCtx.Err() == nil {
-		free := s.p.Concurrency - int(s.inflight.Load())
-		if free < 1 || (free < least && s.inflight.Load() > 0) {
+		s.reserveMu.Lock()
+		busy := s.inflight.Load() + s.reserved.Load()
+		free := s.p.Concurrency - int(busy)
+		if free < 1 || (free < least && busy > 0) {
+			s.reserveMu.Unlock()
 			select {
 			case <-s.freed:
+			case <-s.unreserved:
 			case <-s.claimCtx.Done():
 			}
 			continue
 		}
 		n := min(free, s.p.BatchSize)
+		s.reserved.Add(int64(n))
+		s.reserveMu.Unlock()
 		claims, err := s.form.Claim(s.claimCtx, n)
 		for _, c := range claims {
 			s.start(c)
+		}
+		s.reserved.Add(-int64(n))
+		if len(claims) < n && s.claimers > 1 {
+			// Handlers reserved and not filled are free again for a loop
+			// that waits for them.
+			select {
+			case s.unreserved <- struct{}{}:
+			default:
+			}
+		}
+		if !first && (err != nil || len(claims) < n) {
+			if err != nil && s.claimCtx.Err() == nil {
+				s.claimFailed(err)
+			}
+			select {
+			case <-s.freed:
+			case <-s.claimCtx.Done():
+			}
+			continue
 		}
 		if err != nil && s.claimCtx.Err() == nil {
 			s.claimFailed(err)
@@ -262,6 +303,16 @@ func (s *Subscription) loop() {
 			// key, a FIFO group): its completion ends the wait too.
 			s.sleep(idle, s.freed)
 			idle = min(idle*2, s.p.PollInterval)
+		}
+	}
+}
+
+// signalFreed tells a claim loop waiting for free handlers.
+func (s *Subscription) signalFreed() {
+	if len(s.freed) == 0 {
+		select {
+		case s.freed <- struct{}{}:
+		default:
 		}
 	}
 }
@@ -360,12 +411,7 @@ func (s *Subscription) worker(c Claim) {
 			continue
 		}
 		s.inflight.Add(-1)
-		if len(s.freed) == 0 {
-			select {
-			case s.freed <- struct{}{}:
-			default:
-			}
-		}
+		s.signalFreed()
 		s.idleMu.Lock()
 		if s.idleClosed {
 			s.idleMu.Unlock()

@@ -198,3 +198,80 @@ func TestEngineAsyncCompletions(t *testing.T) {
 		t.Fatalf("after Stop: %d completions written, stats %+v, InFlight %d; want every claim written and counted once", f.done.Load(), st, s.InFlight())
 	}
 }
+
+// pipeForm claims in batches (core.Batching) with two claims at once
+// (core.Pipelining); each claim takes a while, and the form records how
+// many run at once and the most handlers asked for at once.
+type pipeForm struct {
+	memForm
+	slow                time.Duration
+	claiming, maxClaims atomic.Int64
+	asked, maxAsked     atomic.Int64
+	calls               atomic.Int64
+}
+
+func (f *pipeForm) BatchesClaims() bool { return true }
+func (f *pipeForm) ClaimsAtOnce() int   { return 2 }
+func (f *pipeForm) Claim(ctx context.Context, max int) ([]core.Claim, error) {
+	raise := func(v *atomic.Int64, n int64) {
+		for m := v.Load(); n > m && !v.CompareAndSwap(m, n); m = v.Load() {
+		}
+	}
+	f.calls.Add(1)
+	raise(&f.maxClaims, f.claiming.Add(1))
+	defer f.claiming.Add(-1)
+	raise(&f.maxAsked, f.asked.Add(int64(max)))
+	defer f.asked.Add(-int64(max))
+	time.Sleep(f.slow)
+	return f.memForm.Claim(ctx, max)
+}
+
+// TestEnginePipelinedClaims: a form that pipelines its claims gets two
+// claims at once, which together never claim for more handlers than
+// Concurrency (nor do they leave more in flight); every row is handled
+// once, and an idle subscription's second loop does not spin.
+func TestEnginePipelinedClaims(t *testing.T) {
+	const n, conc = 2000, 16
+	f := &pipeForm{slow: 2 * time.Millisecond}
+	f.plan, f.total, f.fin = &core.Plan{Table: core.Table{Name: "mem"}}, n, make(chan struct{})
+	f.left.Store(n)
+	var inWork, maxInWork atomic.Int64
+	s, err := core.Subscribe(context.Background(), f, func(ctx context.Context, d *core.Delivery) error {
+		v := inWork.Add(1)
+		for m := maxInWork.Load(); v > m && !maxInWork.CompareAndSwap(m, v); m = maxInWork.Load() {
+		}
+		time.Sleep(time.Millisecond)
+		inWork.Add(-1)
+		return nil
+	}, core.SubscribeParams{Concurrency: conc, PollInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-f.fin:
+	case <-time.After(time.Minute):
+		t.Fatalf("%d of %d completed in a minute", f.done.Load(), n)
+	}
+	// Idle now: the first loop polls (a claim per 50 ms at most); the
+	// second must not claim in a loop.
+	calls := f.calls.Load()
+	time.Sleep(300 * time.Millisecond)
+	if idle := f.calls.Load() - calls; idle > 40 {
+		t.Errorf("%d claims in 300 ms of an idle table polled every 50 ms at most: a loop spins", idle)
+	}
+	if err := s.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Stats(); st.Succeeded != n || st.Claimed != n {
+		t.Errorf("stats %+v, want %d claimed and succeeded", st, n)
+	}
+	if got := f.maxClaims.Load(); got != 2 {
+		t.Errorf("at most %d claims ran at once, want 2", got)
+	}
+	if got := f.maxAsked.Load(); got > conc {
+		t.Errorf("claims running at once asked for %d handlers, more than Concurrency %d", got, conc)
+	}
+	if got := maxInWork.Load(); got > conc {
+		t.Errorf("%d handlers ran at once, more than Concurrency %d", got, conc)
+	}
+}

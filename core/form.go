@@ -88,6 +88,16 @@ type Batching interface {
 	BatchesClaims() bool
 }
 
+// Pipelining is an optional interface of a batching ClaimForm whose claim
+// is several round trips one after another (the advisory form: candidate
+// rows, their keys, the take). ClaimsAtOnce is how many claims the engine
+// may run at once, each for handlers the others do not claim for, so one
+// claim's round trips overlap another's; 1 (or less) is one at a time.
+// Each claim running may use a connection of its own.
+type Pipelining interface {
+	ClaimsAtOnce() int
+}
+
 // ClaimForm is a claim form bound to one table and one database.
 type ClaimForm interface {
 	// Form says which form this is.

@@ -45,6 +45,19 @@ func (f *advisory) Form() core.Form { return core.Advisory }
 // (core.Batching).
 func (f *advisory) BatchesClaims() bool { return true }
 
+// ClaimsAtOnce: two claims at once (core.Pipelining), so one claim's
+// candidate read, key try and take overlap another's.
+func (f *advisory) ClaimsAtOnce() int { return advisoryClaimers }
+
+// advisoryClaimers is how many claims an advisory subscription runs at once.
+const advisoryClaimers = 2
+
+// AdvisoryConnections is the most connections of its pool an
+// advisory-form subscription uses at once, whatever its concurrency: the
+// session holding the keys, one per claim running, and the completion
+// flushers. Handlers hold none.
+const AdvisoryConnections = 1 + advisoryClaimers + flushers
+
 func (f *advisory) Start(ctx context.Context) error {
 	if err := f.start(ctx, core.Advisory); err != nil {
 		return err

@@ -106,6 +106,9 @@ func TestDrain(t *testing.T) {
 				if f == core.Lease && r.PeakConns > forms.LeaseConnections {
 					t.Errorf("lease form with %d handlers opened %d connections, want at most %d", k, r.PeakConns, forms.LeaseConnections)
 				}
+				if f == core.Advisory && r.PeakConns > forms.AdvisoryConnections {
+					t.Errorf("advisory form with %d handlers opened %d connections, want at most %d", k, r.PeakConns, forms.AdvisoryConnections)
+				}
 				t.Logf("%.0f deliveries/s, p50 %.2f ms, p99 %.2f ms, %d connections", r.PerSecond, r.P50Ms, r.P99Ms, r.PeakConns)
 			})
 		}
