@@ -121,9 +121,9 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 		if err != nil {
 			return out, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table.Name, err)
 		}
-		// Lock the keys of as many candidates as are wanted, each on its
-		// own connection, in waves of tries made at once; then take their
-		// rows together.
+		// Lock the keys of as many candidates as are wanted on the key
+		// session, a wave of them in one statement; then take their rows
+		// together.
 		var locked []*advisoryClaim
 		for i := 0; i < len(cands) && err == nil && ctx.Err() == nil; {
 			var wave []*advisoryClaim

@@ -1,7 +1,7 @@
 // Package forms implements the three claim forms of sqlxbroker, each written
-// once against the core.Dialect contract: row lock (forms_rowlock.go), lease
-// (lease.go) and advisory lock (advisory.go). New picks the form a table
-// description selects.
+// once against the core.Dialect contract: row lock (rowlock.go), lease
+// (lease.go) and advisory lock (advisory.go, its key session in
+// keyholder.go). New picks the form a table description selects.
 //
 // Attempts are counted where each form holds the row (SPEC §5): the row-lock
 // form counts in the completion statement that returns a row for another
