@@ -54,9 +54,9 @@ const advisoryClaimers = 2
 
 // AdvisoryConnections is the most connections of its pool an
 // advisory-form subscription uses at once, whatever its concurrency: the
-// session holding the keys, one per claim running, and the completion
-// flushers. Handlers hold none.
-const AdvisoryConnections = 1 + advisoryClaimers + flushers
+// session holding the keys (which also writes the completions), and one
+// per claim running. Handlers hold none.
+const AdvisoryConnections = 1 + advisoryClaimers
 
 func (f *advisory) Start(ctx context.Context) error {
 	if err := f.start(ctx, core.Advisory); err != nil {
@@ -417,10 +417,10 @@ func (c *advisoryClaim) CompleteAsync(ctx context.Context, o core.Outcome, done 
 	}
 }
 
-// completeOne records o for one claim.
-func (f *advisory) completeOne(ctx context.Context, c *advisoryClaim, o core.Outcome) error {
-	if q, args := f.completion(o, false, false, ""); q != "" {
-		if _, err := f.db.ExecContext(ctx, q, append(args, c.d.ID())...); err != nil {
+// completeOne records o for one claim on q.
+func (f *advisory) completeOne(ctx context.Context, q sqlx.ExecerContext, c *advisoryClaim, o core.Outcome) error {
+	if stmt, args := f.completion(o, false, false, ""); stmt != "" {
+		if _, err := q.ExecContext(ctx, stmt, append(args, c.d.ID())...); err != nil {
 			return fmt.Errorf("sqlxbroker: advisory completion (%s): %w", o.Kind, err)
 		}
 	}
@@ -444,36 +444,57 @@ func (f *advisory) flusher() {
 	}
 }
 
-// flush records a batch: the successes in one statement, every other
-// outcome alone; then it releases the batch's keys and answers each claim.
+// flush records a batch on the key session, the successes in one
+// statement and every other outcome alone, then releases the batch's keys
+// there and answers each claim. The session that holds a claim's key is
+// the one that writes its completion, so a completion is written only while
+// the key is held: were the session gone, the server would have dropped the
+// key, another subscription could have taken the row, and two completions
+// would be recorded for it. A claim whose session ended is answered with
+// ErrLeaseLost and changes nothing.
 func (f *advisory) flush(batch []*advisoryClaim) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	errs := make([]error, len(batch))
+	h := &f.keys
+	h.mu.Lock()
 	var wins []any
 	var won []int
+	var live []*advisoryClaim
+	failed := false
 	for i, c := range batch {
 		c.gen.forget(c)
 		switch {
-		case c.gen.isLost():
+		case h.sess == nil || c.gen != h.gen || c.gen.isLost():
 			errs[i] = c.lost(c.o)
+			continue
 		case c.o.Kind == core.Succeeded:
 			wins, won = append(wins, c.d.ID()), append(won, i)
 		default:
-			errs[i] = f.completeOne(ctx, c, c.o)
+			if errs[i] = f.completeOne(ctx, h.sess, c, c.o); errs[i] != nil {
+				failed = true
+			}
 		}
+		live = append(live, c)
 	}
 	if len(wins) > 0 {
-		if err := f.succeedAll(ctx, wins); err != nil {
+		if err := f.succeedAll(ctx, h.sess, wins); err != nil {
+			failed = true
 			for _, i := range won {
 				errs[i] = err
 			}
 		}
 	}
-	// A failed release closes the holder's session, which releases the
-	// keys anyway: the completions it followed stand, and the holder's
-	// other deliveries are lost.
-	_ = f.keys.unlock(ctx, batch...)
+	// A statement that failed may have failed with the session: then its
+	// keys are gone, and so is every other delivery it held.
+	if failed && h.sess.PingContext(ctx) != nil {
+		h.fail()
+	}
+	h.release(ctx, live)
+	h.mu.Unlock()
+	for _, c := range batch {
+		f.drop(c.key)
+	}
 	for i, c := range batch {
 		c.done(errs[i])
 	}
@@ -481,14 +502,14 @@ func (f *advisory) flush(batch []*advisoryClaim) {
 
 // succeedAll completes the rows of ids as succeeded in one statement:
 // deleted, or marked done when the table has a DoneAt column.
-func (f *advisory) succeedAll(ctx context.Context, ids []any) error {
+func (f *advisory) succeedAll(ctx context.Context, q sqlx.ExecerContext, ids []any) error {
 	p := f.plan
-	q, args := "DELETE FROM "+p.QTable, []any(nil)
+	stmt, args := "DELETE FROM "+p.QTable, []any(nil)
 	if p.QDoneAt != "" {
-		q, args = "UPDATE "+p.QTable+" SET "+p.QDoneAt+" = ?", []any{p.Time(core.Now())}
+		stmt, args = "UPDATE "+p.QTable+" SET "+p.QDoneAt+" = ?", []any{p.Time(core.Now())}
 	}
-	q += " WHERE " + p.QID + " IN (?" + strings.Repeat(", ?", len(ids)-1) + ")"
-	if _, err := f.db.ExecContext(ctx, p.Rebind(q), append(args, ids...)...); err != nil {
+	stmt += " WHERE " + p.QID + " IN (?" + strings.Repeat(", ?", len(ids)-1) + ")"
+	if _, err := q.ExecContext(ctx, p.Rebind(stmt), append(args, ids...)...); err != nil {
 		return fmt.Errorf("sqlxbroker: advisory completion (%d succeeded): %w", len(ids), err)
 	}
 	return nil

@@ -14,9 +14,10 @@ import (
 // keyHolder is the session that holds an advisory form's keys: one
 // connection, taken from the pool when a key is tried while none is held
 // and given back when the last is released. A claim's keys are tried in one
-// statement (core.AdvisoryBatcher), and completions that end together
-// release theirs in one: the first to reach the session releases the keys
-// queued by all.
+// statement (core.AdvisoryBatcher); completions are written on the session
+// (advisory.flush) and their keys released in one statement; keys of rows
+// a claim did not take are released by whoever reaches the session first,
+// for all queued.
 //
 // Its statements run without the caller's cancellation (a stopping
 // subscription must not lose the keys of the deliveries in work) but with a
@@ -100,31 +101,38 @@ func (h *keyHolder) unlock(ctx context.Context, cs ...*advisoryClaim) error {
 	q := h.queue
 	h.queue = nil
 	h.qmu.Unlock()
-	var keys []string
-	for _, c := range q {
-		if h.sess != nil && c.gen == h.gen {
-			keys = append(keys, c.key)
-		}
-	}
-	var err error
-	if len(keys) > 0 {
-		sctx, cancel := stmtCtx(ctx)
-		err = unlockKeys(sctx, h.f.plan.Caps, h.sess, keys)
-		cancel()
-		if err != nil {
-			err = fmt.Errorf("sqlxbroker: advisory unlock (%d keys): %w; the session holding the form's keys is closed, which releases them", len(keys), err)
-			h.fail()
-		} else {
-			h.used = time.Now()
-			if h.n -= len(keys); h.n == 0 {
-				h.giveBack()
-			}
-		}
-	}
+	err := h.release(ctx, q)
 	for _, c := range q {
 		h.f.drop(c.key)
 	}
 	return err
+}
+
+// release unlocks the keys of cs that the session holds; the caller holds
+// h.mu. A failed release closes the session, which releases them anyway
+// (and loses its other deliveries).
+func (h *keyHolder) release(ctx context.Context, cs []*advisoryClaim) error {
+	var keys []string
+	for _, c := range cs {
+		if h.sess != nil && c.gen == h.gen {
+			keys = append(keys, c.key)
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	sctx, cancel := stmtCtx(ctx)
+	err := unlockKeys(sctx, h.f.plan.Caps, h.sess, keys)
+	cancel()
+	if err != nil {
+		h.fail()
+		return fmt.Errorf("sqlxbroker: advisory unlock (%d keys): %w; the session holding the form's keys is closed, which releases them", len(keys), err)
+	}
+	h.used = time.Now()
+	if h.n -= len(keys); h.n == 0 {
+		h.giveBack()
+	}
+	return nil
 }
 
 // pings checks the session every pingEvery while it holds keys and has run
