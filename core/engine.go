@@ -268,10 +268,7 @@ func (s *Subscription) loop(first bool) {
 		if len(claims) < n && s.claimers > 1 {
 			// Handlers reserved and not filled are free again for a loop
 			// that waits for them.
-			select {
-			case s.unreserved <- struct{}{}:
-			default:
-			}
+			signal(s.unreserved)
 		}
 		if !first && (err != nil || len(claims) < n) {
 			if err != nil && s.claimCtx.Err() == nil {
@@ -307,11 +304,11 @@ func (s *Subscription) loop(first bool) {
 	}
 }
 
-// signalFreed tells a claim loop waiting for free handlers.
-func (s *Subscription) signalFreed() {
-	if len(s.freed) == 0 {
+// signal wakes one waiter on ch, a channel of one slot, without blocking.
+func signal(ch chan struct{}) {
+	if len(ch) == 0 {
 		select {
-		case s.freed <- struct{}{}:
+		case ch <- struct{}{}:
 		default:
 		}
 	}
@@ -411,7 +408,7 @@ func (s *Subscription) worker(c Claim) {
 			continue
 		}
 		s.inflight.Add(-1)
-		s.signalFreed()
+		signal(s.freed)
 		s.idleMu.Lock()
 		if s.idleClosed {
 			s.idleMu.Unlock()

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -16,9 +15,10 @@ import (
 // advisory: ready rows are read with their keys; the keys are tried
 // without waiting on the session that holds the form's keys (keyHolder); the
 // rows are taken (attempt counted) while still claimable; the handler runs
-// with the key locked; completion runs on any connection, then the key is
-// released. No transaction stays open, and deliveries hold no connection:
-// one session holds the keys of all of them.
+// with the key locked; completions are written in batches on the key
+// session, then their keys are released. No transaction stays open, and
+// deliveries hold no connection: one session holds the keys of all of
+// them.
 type advisory struct {
 	base
 	mu      sync.Mutex
@@ -216,7 +216,7 @@ func (f *advisory) countAll(ctx context.Context, claims []*advisoryClaim) ([]row
 		ids[i] = c.id
 	}
 	where, args := p.Ready(p.QTable, core.Now())
-	in := p.QTable + "." + p.QID + " IN (?" + strings.Repeat(", ?", len(ids)-1) + ") AND " + where
+	in := p.QTable + "." + p.QID + " IN " + marks(len(ids)) + " AND " + where
 	set := "UPDATE " + p.QTable + " SET " + p.QAttempt + " = " + p.NextAttempt("") + " WHERE " + in
 	args = append(ids, args...)
 	if p.Dialect.Features().UpdateReturning {
@@ -381,8 +381,8 @@ func (c *advisoryClaim) lost(o core.Outcome) error {
 }
 
 // Complete records o, then releases the key, through the form's queue of
-// completions (see CompleteAsync), so completions use at most flushers
-// connections whatever the concurrency. When the session holding the key
+// completions (see CompleteAsync), so completions use no connection beyond
+// the key session whatever the concurrency. When the session holding the key
 // ended first, another claim may already have the row: Complete changes
 // nothing and returns core.ErrLeaseLost (the row, attempt counted, is
 // claimable again). When ctx ends first Complete returns its error; the
@@ -399,9 +399,8 @@ func (c *advisoryClaim) Complete(ctx context.Context, o core.Outcome) error {
 }
 
 // CompleteAsync queues the completion and returns at once
-// (core.AsyncCompleter): completions that queue while up to flushers
-// batches are written go together, successes in one statement, and their
-// keys are released in one.
+// (core.AsyncCompleter): completions that queue while a batch is written
+// on the key session go together in the next (flush).
 func (c *advisoryClaim) CompleteAsync(ctx context.Context, o core.Outcome, done func(error)) {
 	f := c.f
 	c.o, c.done = o, done
@@ -508,7 +507,7 @@ func (f *advisory) succeedAll(ctx context.Context, q sqlx.ExecerContext, ids []a
 	if p.QDoneAt != "" {
 		stmt, args = "UPDATE "+p.QTable+" SET "+p.QDoneAt+" = ?", []any{p.Time(core.Now())}
 	}
-	stmt += " WHERE " + p.QID + " IN (?" + strings.Repeat(", ?", len(ids)-1) + ")"
+	stmt += " WHERE " + p.QID + " IN " + marks(len(ids))
 	if _, err := q.ExecContext(ctx, p.Rebind(stmt), append(args, ids...)...); err != nil {
 		return fmt.Errorf("sqlxbroker: advisory completion (%d succeeded): %w", len(ids), err)
 	}

@@ -3,14 +3,12 @@ package forms_test
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/conformance"
-	"github.com/sqlxbroker/sqlxbroker/dialects/sqlite"
 )
 
 // TestAdvisoryBatchedDone drains an advisory table with a DoneAt column
@@ -20,19 +18,7 @@ import (
 // no connection (the key session went back to the pool with its last key).
 func TestAdvisoryBatchedDone(t *testing.T) {
 	ctx := context.Background()
-	db, err := sqlite.Open(filepath.Join(t.TempDir(), "advisory.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	b, err := sqlxbroker.Open(db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tb := sqlxbroker.Table{Name: "jobs", AdvisoryLock: "acct-{account}", DoneAt: "done_at"}
-	if err := b.CreateTable(ctx, tb, [2]string{"account", "text"}); err != nil {
-		t.Fatal(err)
-	}
+	db, b, tb := sqliteTable(t, sqlxbroker.Table{Name: "jobs", AdvisoryLock: "acct-{account}", DoneAt: "done_at"})
 	const rows, keys = 200, 7
 	msgs := make([]any, rows)
 	for i := range msgs {

@@ -172,6 +172,9 @@ func (r *row) get(col string) any {
 	return nil
 }
 
+// marks is "(?, ?, ..)" with n placeholders (n >= 1), for an IN list.
+func marks(n int) string { return "(?" + strings.Repeat(", ?", n-1) + ")" }
+
 func readRows(rows *sqlx.Rows) ([]row, error) {
 	defer rows.Close()
 	cols, err := rows.Columns()

@@ -15,9 +15,8 @@ import (
 // connection, taken from the pool when a key is tried while none is held
 // and given back when the last is released. A claim's keys are tried in one
 // statement (core.AdvisoryBatcher); completions are written on the session
-// (advisory.flush) and their keys released in one statement; keys of rows
-// a claim did not take are released by whoever reaches the session first,
-// for all queued.
+// (advisory.flush) and their keys released in one statement, as are the
+// keys of rows a claim did not take (unlock).
 //
 // Its statements run without the caller's cancellation (a stopping
 // subscription must not lose the keys of the deliveries in work) but with a
@@ -27,14 +26,12 @@ import (
 // session that ended (killed, failed over) cancels its handlers within
 // about that time.
 type keyHolder struct {
-	f     *advisory
-	mu    sync.Mutex // the session runs one statement at a time
-	sess  *sqlx.Conn
-	gen   *holding // the deliveries of sess
-	n     int      // keys sess holds
-	used  time.Time
-	qmu   sync.Mutex
-	queue []*advisoryClaim // claims whose keys wait for release
+	f    *advisory
+	mu   sync.Mutex // the session runs one statement at a time
+	sess *sqlx.Conn
+	gen  *holding // the deliveries of sess
+	n    int      // keys sess holds
+	used time.Time
 }
 
 // holderTimeout bounds each statement of the holder's session.
@@ -85,24 +82,16 @@ func (h *keyHolder) try(ctx context.Context, keys []string) ([]bool, *holding, e
 	return ok, gen, nil
 }
 
-// unlock releases the keys of cs and of every claim queued meanwhile, and
-// drops them from the form's keys. Keys of a session that ended need no
-// release: the server dropped them with it.
+// unlock releases the keys of cs and drops them from the form's keys. Keys
+// of a session that ended need no release: the server dropped them with it.
 func (h *keyHolder) unlock(ctx context.Context, cs ...*advisoryClaim) error {
 	if len(cs) == 0 {
 		return nil
 	}
-	h.qmu.Lock()
-	h.queue = append(h.queue, cs...)
-	h.qmu.Unlock()
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.qmu.Lock()
-	q := h.queue
-	h.queue = nil
-	h.qmu.Unlock()
-	err := h.release(ctx, q)
-	for _, c := range q {
+	err := h.release(ctx, cs)
+	h.mu.Unlock()
+	for _, c := range cs {
 		h.f.drop(c.key)
 	}
 	return err

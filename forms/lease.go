@@ -109,7 +109,7 @@ func (f *lease) claimOn(ctx context.Context, q core.Querier, tx *sqlx.Tx, now ti
 		if len(ids) == 0 {
 			return nil, nil
 		}
-		where += " AND " + p.Alias + "." + p.QID + " IN (?" + strings.Repeat(", ?", len(ids)-1) + ")"
+		where += " AND " + p.Alias + "." + p.QID + " IN " + marks(len(ids))
 		args = append(args, ids...)
 	}
 	var rows []row

@@ -130,7 +130,13 @@ func TestCompleteThatGivesUpStopsRenewal(t *testing.T) {
 // account column) and returns it with its broker.
 func leaseTable(t *testing.T, lease time.Duration) (*sqlx.DB, *sqlxbroker.Broker, sqlxbroker.Table) {
 	t.Helper()
-	db, err := sqlite.Open(filepath.Join(t.TempDir(), "lease.db"))
+	return sqliteTable(t, sqlxbroker.Table{Name: "jobs", LockedUntil: "locked_until", Lease: lease})
+}
+
+// sqliteTable creates tb, with an account column, in a new SQLite file.
+func sqliteTable(t *testing.T, tb sqlxbroker.Table) (*sqlx.DB, *sqlxbroker.Broker, sqlxbroker.Table) {
+	t.Helper()
+	db, err := sqlite.Open(filepath.Join(t.TempDir(), "jobs.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +145,6 @@ func leaseTable(t *testing.T, lease time.Duration) (*sqlx.DB, *sqlxbroker.Broker
 	if err != nil {
 		t.Fatal(err)
 	}
-	tb := sqlxbroker.Table{Name: "jobs", LockedUntil: "locked_until", Lease: lease}
 	if err := b.CreateTable(context.Background(), tb, [2]string{"account", "text"}); err != nil {
 		t.Fatal(err)
 	}

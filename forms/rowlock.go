@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/go-multierror"
 
@@ -23,9 +24,10 @@ type rowLock struct {
 	mu     sync.Mutex
 	spares []*claimTx // chained transactions waiting for their next claim
 
-	prepare bool // the dialect lets forms prepare statements
-	smu     sync.Mutex
-	stmts   map[string]*sqlx.Stmt // prepared claims and completions, by text
+	prepare  bool // the dialect lets forms prepare statements
+	smu      sync.Mutex
+	stmts    map[string]*sqlx.Stmt // prepared claims and completions, by text
+	prepLate time.Time             // no preparing before: the last prepare failed
 }
 
 // claimTx is a claim transaction and the context its life is bound to.
@@ -35,6 +37,11 @@ type claimTx struct {
 	cancel  context.CancelFunc
 	chained int // deliveries this transaction has carried
 }
+
+// prepareAgain is how long statements run unprepared after a prepare
+// failed, so a server or pooler that refuses them costs no extra round trip
+// per delivery.
+const prepareAgain = time.Minute
 
 // maxChained is the most deliveries one chained transaction carries when
 // statements are prepared: database/sql keeps every statement used in a
@@ -84,7 +91,8 @@ func (f *rowLock) Close() error {
 }
 
 // prepared returns q prepared, nil when statements are not prepared or q
-// could not be (it then runs unprepared, and reports its own error).
+// could not be (it then runs unprepared, and reports its own error; no
+// statement is prepared for prepareAgain).
 func (f *rowLock) prepared(ctx context.Context, q string) *sqlx.Stmt {
 	if !f.prepare {
 		return nil
@@ -94,11 +102,12 @@ func (f *rowLock) prepared(ctx context.Context, q string) *sqlx.Stmt {
 	if st := f.stmts[q]; st != nil {
 		return st
 	}
-	if f.life.Err() != nil {
+	if f.life.Err() != nil || time.Now().Before(f.prepLate) {
 		return nil
 	}
 	st, err := f.db.PreparexContext(ctx, q)
 	if err != nil {
+		f.prepLate = time.Now().Add(prepareAgain)
 		return nil
 	}
 	if f.stmts == nil {

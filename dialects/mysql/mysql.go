@@ -315,31 +315,23 @@ func (Dialect) ClaimLeases(ctx context.Context, on core.Querier, p *core.LeaseCl
 // such keys would otherwise share locks. The first '?' is that choice.
 const lockName = "(SELECT IF(LENGTH(n) > 64 OR ?, SHA2(n, 256), n) FROM (SELECT CONCAT(CAST(COALESCE(DATABASE(), '') AS BINARY), ':', UNHEX(?)) AS n) AS k)"
 
-const (
-	tryLock = "SELECT GET_LOCK(" + lockName + ", 0)"  // 1 taken, 0 held elsewhere, NULL error
-	unlock  = "SELECT RELEASE_LOCK(" + lockName + ")" // 1 released, 0 or NULL not ours
-)
-
 // TryAdvisoryLock takes key's GET_LOCK for conn's session without waiting.
-func (Dialect) TryAdvisoryLock(ctx context.Context, conn *sqlx.Conn, key string) (bool, error) {
-	var got sql.NullInt64
-	if err := conn.QueryRowxContext(ctx, tryLock, !printable(key), hexOf(key)).Scan(&got); err != nil {
+func (d Dialect) TryAdvisoryLock(ctx context.Context, conn *sqlx.Conn, key string) (bool, error) {
+	ok, err := d.TryAdvisoryLocks(ctx, conn, []string{key})
+	if err != nil {
 		return false, err
 	}
-	if !got.Valid {
-		return false, fmt.Errorf("sqlxbroker: mysql: GET_LOCK for key %q returned NULL", key)
-	}
-	return got.Int64 == 1, nil
+	return ok[0], nil
 }
 
 // AdvisoryUnlock releases key's GET_LOCK; a key not held is no error.
-func (Dialect) AdvisoryUnlock(ctx context.Context, conn *sqlx.Conn, key string) error {
-	var released sql.NullInt64
-	return conn.QueryRowxContext(ctx, unlock, !printable(key), hexOf(key)).Scan(&released)
+func (d Dialect) AdvisoryUnlock(ctx context.Context, conn *sqlx.Conn, key string) error {
+	return d.AdvisoryUnlocks(ctx, conn, []string{key})
 }
 
 // TryAdvisoryLocks tries every key as TryAdvisoryLock does, in one
-// statement of one GET_LOCK per key (core.AdvisoryBatcher).
+// statement of one GET_LOCK per key (core.AdvisoryBatcher): 1 taken, 0
+// held elsewhere, NULL an error.
 func (Dialect) TryAdvisoryLocks(ctx context.Context, conn *sqlx.Conn, keys []string) ([]bool, error) {
 	q, args := perKey("GET_LOCK("+lockName+", 0)", keys)
 	got := make([]sql.NullInt64, len(keys))
@@ -360,7 +352,8 @@ func (Dialect) TryAdvisoryLocks(ctx context.Context, conn *sqlx.Conn, keys []str
 	return out, nil
 }
 
-// AdvisoryUnlocks releases keys in one statement (core.AdvisoryBatcher).
+// AdvisoryUnlocks releases keys in one statement (core.AdvisoryBatcher);
+// RELEASE_LOCK answers 0 or NULL for a key not held, which is no error.
 func (Dialect) AdvisoryUnlocks(ctx context.Context, conn *sqlx.Conn, keys []string) error {
 	q, args := perKey("RELEASE_LOCK("+lockName+")", keys)
 	released := make([]any, len(keys))
