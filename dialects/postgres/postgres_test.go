@@ -346,16 +346,25 @@ func warm(t *testing.T, db *sqlx.DB, n int) {
 // until they are gone.
 func killSessions(t *testing.T, db *sqlx.DB, app string) {
 	t.Helper()
-	var killed []bool
-	if err := db.Select(&killed, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1", app); err != nil {
+	var killed []struct {
+		PID    int64 `db:"pid"`
+		Killed bool  `db:"killed"`
+	}
+	if err := db.Select(&killed, "SELECT pid, pg_terminate_backend(pid) AS killed FROM pg_stat_activity WHERE application_name = $1", app); err != nil {
 		t.Fatal(err)
 	}
-	if len(killed) == 0 {
+	pids := make([]string, len(killed))
+	for i, k := range killed {
+		pids[i] = fmt.Sprint(k.PID)
+	}
+	if len(pids) == 0 {
 		t.Fatalf("no session of %s to kill", app)
 	}
+	// Wait for the killed sessions, not for the name: a listener may
+	// already have reconnected under the same application_name.
 	waitFor(t, 5*time.Second, "killed sessions to end", func() bool {
 		var n int
-		_ = db.Get(&n, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", app)
+		_ = db.Get(&n, "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1::int[])", "{"+strings.Join(pids, ",")+"}")
 		return n == 0
 	})
 }
