@@ -25,7 +25,9 @@ Fills a table with --rows messages and drains it with --concurrency handlers
 that do nothing (--mode drain), or publishes --rate messages per second for
 --duration and measures publish-to-handler latency (--mode steady). Each run
 also measures the database's raw commit rate over as many connections as it
-used (peak conns) and prints deliveries/s divided by commits/s.
+used (peak conns) and prints deliveries/s divided by commits/s. --floor
+adds, for row-lock drains, the rate of the form's own statements run in a
+tight loop without the broker: what the database allows the form.
 
 Lists in --form and --concurrency make a sweep: every form at every
 concurrency. --json prints one JSON line per run; --svg writes a chart of
@@ -54,6 +56,7 @@ func benchCmd(args []string) error {
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the drain (or steady phase) of the last run to this file")
 	from := fs.String("from", "", "draw --svg from this file of --json lines (all of them, or those whose dialect is --driver's) instead of running")
 	title := fs.String("title", "", "the chart's title")
+	floor := fs.Bool("floor", false, "row-lock drains: also drain a table with the form's statements alone, no broker (floor/s; of floor = deliveries/s over it)")
 	_ = fs.Parse(args)
 	if *from != "" {
 		return chartFrom(*from, *driver, *svg, *title)
@@ -107,7 +110,7 @@ func benchCmd(args []string) error {
 			}
 			r, err := bench.Run(context.Background(), bench.Config{Driver: *driver, DSN: *dsn, Dialect: d, Form: f,
 				Mode: *mode, Rows: *rows, Concurrency: k, BatchSize: *batch, Keys: *keys, Rate: *rate,
-				Duration: *dur, CommitDuration: *commit, Table: *table, Logf: logf, Profile: profile})
+				Duration: *dur, CommitDuration: *commit, Table: *table, Logf: logf, Profile: profile, Floor: *floor})
 			if err != nil {
 				return fmt.Errorf("bench %s concurrency %d: %w", f, k, err)
 			}
@@ -187,6 +190,12 @@ func printResults(rs []bench.Result) {
 			r.Form, r.Concurrency, r.Rows, r.PerSecond, r.P50Ms, r.P99Ms, r.PeakConns, r.PeakRSSMB, r.CPUMicros, r.CommitsPerSec, r.CommitCPU, r.Ratio, r.Errors)
 	}
 	fmt.Printf("\n(commits/s: the raw commit loop over as many connections as the run's peak)\n")
+	for _, r := range rs {
+		if r.FloorPerSec > 0 {
+			fmt.Printf("%s at %d: the form's statements alone %.0f/s (%.2f of commits/s); the broker %.2f of that\n",
+				r.Form, r.Concurrency, r.FloorPerSec, r.FloorRatio, r.OfFloor)
+		}
+	}
 }
 
 // chartFrom draws the runs of a file of --json lines as an SVG chart: all

@@ -67,6 +67,10 @@ type Config struct {
 	// negative to skip it.
 	CommitDuration time.Duration
 
+	// Floor, for a row-lock drain, also drains a table with the form's
+	// statements alone (RowLockFloor) over the commit loop's connections.
+	Floor bool
+
 	// Table names the table to (re)create; default "sqlxbroker_bench".
 	Table string
 	// Logf, when set, reports progress.
@@ -98,6 +102,9 @@ type Result struct {
 	CommitsPerSec float64 `json:"commits_per_sec,omitempty"`
 	CommitCPU     float64 `json:"cpu_us_per_commit,omitempty"` // this process's CPU per raw commit
 	Ratio         float64 `json:"ratio,omitempty"`             // PerSecond / CommitsPerSec
+	FloorPerSec   float64 `json:"floor_per_sec,omitempty"`     // the form's statements alone (RowLockFloor)
+	FloorRatio    float64 `json:"floor_ratio,omitempty"`       // FloorPerSec / CommitsPerSec
+	OfFloor       float64 `json:"of_floor,omitempty"`          // PerSecond / FloorPerSec
 	Errors        int64   `json:"errors"`                      // claim and completion errors, lost leases
 }
 
@@ -224,8 +231,17 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 			r.CommitCPU = float64((cpuTime() - before).Microseconds()) / commits
 		}
 	}
+	if c.Floor && c.Form == core.RowLock && c.Mode == Drain {
+		conns := max(r.CommitConns, c.Concurrency)
+		c.Logf("row-lock floor: the form's statements alone over %d connections", conns)
+		if r.FloorPerSec, err = RowLockFloor(ctx, c, db, conns); err != nil {
+			return nil, err
+		}
+		r.OfFloor = r.PerSecond / r.FloorPerSec
+	}
 	if r.CommitsPerSec > 0 {
 		r.Ratio = r.PerSecond / r.CommitsPerSec
+		r.FloorRatio = r.FloorPerSec / r.CommitsPerSec
 	}
 	return r, nil
 }

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -145,5 +146,59 @@ func BenchmarkDrain(b *testing.B) {
 				b.ReportMetric(float64(r.PeakConns), "conns")
 			})
 		}
+	}
+}
+
+// TestRowLockFloor drains a table with the row-lock form's statements alone
+// on every database that offers the form: every row is deleted once (the
+// floor counts them and fails otherwise) and its table is dropped; a run
+// with Floor reports the floor beside the drain. A dialect without the
+// form is refused by name.
+func TestRowLockFloor(t *testing.T) {
+	for _, tg := range targets(t) {
+		t.Run(tg.name, func(t *testing.T) {
+			c := Config{Driver: tg.driver, DSN: tg.dsn, Dialect: tg.dialect, Form: core.RowLock,
+				Rows: 3000, Concurrency: 4, Table: "sxb_floor_test"}
+			offered := false
+			for _, f := range formsOf(tg) {
+				offered = offered || f == core.RowLock
+			}
+			if !offered {
+				c.Form = core.Lease
+				if err := c.defaults(); err != nil {
+					t.Fatal(err)
+				}
+				db, err := open(c)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer db.Close()
+				_, err = RowLockFloor(context.Background(), c, db, 4)
+				var fe *core.FormError
+				if !errors.As(err, &fe) || fe.Form != core.RowLock {
+					t.Fatalf("floor on a dialect without the row lock: %v, want a FormError naming it", err)
+				}
+				return
+			}
+			r, err := Run(context.Background(), Config{Driver: tg.driver, DSN: tg.dsn, Dialect: tg.dialect, Form: core.RowLock,
+				Rows: 3000, Concurrency: 4, CommitDuration: 200 * time.Millisecond, Table: "sxb_floor_test", Floor: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.FloorPerSec <= 0 || r.FloorRatio <= 0 || r.OfFloor != r.PerSecond/r.FloorPerSec {
+				t.Errorf("floor %.0f/s, %.2f of commits, broker %.2f of it: want all set", r.FloorPerSec, r.FloorRatio, r.OfFloor)
+			}
+			db, err := open(Config{Driver: tg.driver, DSN: tg.dsn, Concurrency: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			var n int
+			if err := db.QueryRow("SELECT count(*) FROM sxb_floor_test_floor").Scan(&n); err == nil {
+				t.Errorf("the floor's table is still there, with %d rows", n)
+			}
+			t.Logf("drain %.0f/s, floor %.0f/s (%.2f of %.0f commits/s), the broker %.2f of the floor",
+				r.PerSecond, r.FloorPerSec, r.FloorRatio, r.CommitsPerSec, r.OfFloor)
+		})
 	}
 }
