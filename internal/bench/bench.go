@@ -104,6 +104,7 @@ type Result struct {
 	Ratio         float64 `json:"ratio,omitempty"`             // PerSecond / CommitsPerSec
 	FloorPerSec   float64 `json:"floor_per_sec,omitempty"`     // the form's statements alone (RowLockFloor)
 	FloorRatio    float64 `json:"floor_ratio,omitempty"`       // FloorPerSec / CommitsPerSec
+	FloorCPU      float64 `json:"cpu_us_per_floor,omitempty"`  // this process's CPU per row of the floor, the fill left out
 	OfFloor       float64 `json:"of_floor,omitempty"`          // PerSecond / FloorPerSec
 	Errors        int64   `json:"errors"`                      // claim and completion errors, lost leases
 }
@@ -234,9 +235,11 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 	if c.Floor && c.Form == core.RowLock && c.Mode == Drain {
 		conns := max(r.CommitConns, c.Concurrency)
 		c.Logf("row-lock floor: the form's statements alone over %d connections", conns)
-		if r.FloorPerSec, err = RowLockFloor(ctx, c, db, conns); err != nil {
+		var cpu time.Duration
+		if r.FloorPerSec, cpu, err = rowLockFloor(ctx, c, db, conns); err != nil {
 			return nil, err
 		}
+		r.FloorCPU = float64(cpu.Microseconds()) / float64(c.Rows)
 		r.OfFloor = r.PerSecond / r.FloorPerSec
 	}
 	if r.CommitsPerSec > 0 {

@@ -31,32 +31,39 @@ const floorChain = 64
 // the database what one raw commit does, and the floor says how far that
 // is. A drain's rate divided by the floor's is what the broker keeps of it.
 func RowLockFloor(ctx context.Context, c Config, db *sqlx.DB, conns int) (float64, error) {
+	rate, _, err := rowLockFloor(ctx, c, db, conns)
+	return rate, err
+}
+
+// rowLockFloor is RowLockFloor that also returns the process's CPU time
+// over the drain.
+func rowLockFloor(ctx context.Context, c Config, db *sqlx.DB, conns int) (float64, time.Duration, error) {
 	if err := c.defaults(); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if conns < 1 {
-		return 0, errors.New("bench: row-lock floor: conns must be at least 1")
+		return 0, 0, errors.New("bench: row-lock floor: conns must be at least 1")
 	}
 	b := sqlxbroker.OpenDialect(db, c.Dialect)
 	t := Table(c.Table+"_floor", core.RowLock)
 	if err := recreate(ctx, b, t); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer drop(b, t.Name)
 	if err := fill(ctx, b, t, c.Rows, c.Keys); err != nil {
-		return 0, fmt.Errorf("bench: row-lock floor: fill: %w", err)
+		return 0, 0, fmt.Errorf("bench: row-lock floor: fill: %w", err)
 	}
 	p, err := core.NewPlan(c.Dialect, t)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if p.Caps.RowLocker == nil {
-		return 0, &core.FormError{Dialect: c.Dialect.Name(), Form: core.RowLock, Reason: "the dialect does not implement it"}
+		return 0, 0, &core.FormError{Dialect: c.Dialect.Name(), Form: core.RowLock, Reason: "the dialect does not implement it"}
 	}
 	chain := ""
 	if p.Caps.TxChainer != nil {
 		if chain, err = p.Caps.TxChainer.ChainCommit(ctx, db); err != nil {
-			return 0, fmt.Errorf("bench: row-lock floor: %w", err)
+			return 0, 0, fmt.Errorf("bench: row-lock floor: %w", err)
 		}
 	}
 	where, _ := p.Ready(p.Alias, time.Now())
@@ -67,7 +74,7 @@ func RowLockFloor(ctx context.Context, c Config, db *sqlx.DB, conns int) (float6
 	if p.Caps.Preparer != nil && p.Caps.Preparer.PrepareStatements() {
 		for i, q := range []string{claim, del} {
 			if stmts[i], err = db.PreparexContext(ctx, q); err != nil {
-				return 0, fmt.Errorf("bench: row-lock floor: prepare: %w", err)
+				return 0, 0, fmt.Errorf("bench: row-lock floor: prepare: %w", err)
 			}
 			defer stmts[i].Close()
 		}
@@ -149,19 +156,21 @@ func RowLockFloor(ctx context.Context, c Config, db *sqlx.DB, conns int) (float6
 		}()
 	}
 	ready.Wait()
+	cpu := cpuTime()
 	began := time.Now()
 	close(start)
 	wg.Wait()
 	elapsed := time.Since(began)
+	cpu = cpuTime() - cpu
 	select {
 	case err := <-errc:
-		return 0, fmt.Errorf("bench: row-lock floor: %w", err)
+		return 0, 0, fmt.Errorf("bench: row-lock floor: %w", err)
 	default:
 	}
 	if n := total.Load(); n != int64(c.Rows) {
-		return 0, fmt.Errorf("bench: row-lock floor: %d of %d rows deleted", n, c.Rows)
+		return 0, 0, fmt.Errorf("bench: row-lock floor: %d of %d rows deleted", n, c.Rows)
 	}
-	return float64(c.Rows) / elapsed.Seconds(), nil
+	return float64(c.Rows) / elapsed.Seconds(), cpu, nil
 }
 
 // floorClaim runs the floor's claim from id from in tx and returns the id
