@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/sqlxbroker/sqlxbroker/core"
@@ -161,12 +160,29 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 // the claims whose rows it took. The keys of the rest are released. A plain
 // table takes every row in one statement; a FIFO table takes each row under
 // the dialect's group guard.
+//
+// Claims whose session already ended are not taken: another subscription
+// may hold their keys by now. The rows are taken without ctx's end (with
+// holderTimeout): an attempt counted by a statement that was then cut
+// short would be counted for a row nobody runs.
 func (f *advisory) takeAll(ctx context.Context, claims []*advisoryClaim) ([]core.Claim, error) {
-	if len(claims) == 0 {
-		return nil, nil
+	var gone []*advisoryClaim
+	for i := 0; i < len(claims); {
+		if c := claims[i]; c.gen.isLost() {
+			gone = append(gone, c)
+			claims = append(claims[:i], claims[i+1:]...)
+			continue
+		}
+		i++
 	}
+	lostErr := f.keys.unlock(ctx, gone...) // drops their keys; the server let them go
+	if len(claims) == 0 {
+		return nil, lostErr
+	}
+	ctx, cancel := stmtCtx(ctx)
+	defer cancel()
 	var out []core.Claim
-	var errs error
+	errs := lostErr
 	var free []*advisoryClaim
 	keep := func(c *advisoryClaim, r *row, err error) {
 		if err == nil && r != nil {
@@ -451,9 +467,16 @@ func (f *advisory) flusher() {
 // key, another subscription could have taken the row, and two completions
 // would be recorded for it. A claim whose session ended is answered with
 // ErrLeaseLost and changes nothing.
+//
+// Each statement has holderTimeout of its own (stmtCtx), and so does the
+// ping that follows a failure: a statement that failed by itself (a
+// constraint, a dropped column) costs only its own deliveries. One that
+// ran out of time (a row lock held elsewhere for longer) costs the
+// session: lib/pq and go-sql-driver give up a connection whose statement
+// they cancel, so its keys go with it and every delivery it held is lost;
+// the rows come back with their attempt counted.
 func (f *advisory) flush(batch []*advisoryClaim) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	ctx := context.Background()
 	errs := make([]error, len(batch))
 	h := &f.keys
 	h.mu.Lock()
@@ -470,24 +493,32 @@ func (f *advisory) flush(batch []*advisoryClaim) {
 		case c.o.Kind == core.Succeeded:
 			wins, won = append(wins, c.d.ID()), append(won, i)
 		default:
-			if errs[i] = f.completeOne(ctx, h.sess, c, c.o); errs[i] != nil {
+			sctx, cancel := stmtCtx(ctx)
+			if errs[i] = f.completeOne(sctx, h.sess, c, c.o); errs[i] != nil {
 				failed = true
 			}
+			cancel()
 		}
 		live = append(live, c)
 	}
 	if len(wins) > 0 {
-		if err := f.succeedAll(ctx, h.sess, wins); err != nil {
+		sctx, cancel := stmtCtx(ctx)
+		if err := f.succeedAll(sctx, h.sess, wins); err != nil {
 			failed = true
 			for _, i := range won {
 				errs[i] = err
 			}
 		}
+		cancel()
 	}
 	// A statement that failed may have failed with the session: then its
 	// keys are gone, and so is every other delivery it held.
-	if failed && h.sess.PingContext(ctx) != nil {
-		h.fail()
+	if failed {
+		sctx, cancel := stmtCtx(ctx)
+		if h.sess.PingContext(sctx) != nil {
+			h.fail()
+		}
+		cancel()
 	}
 	h.release(ctx, live)
 	h.mu.Unlock()

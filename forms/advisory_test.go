@@ -2,6 +2,7 @@ package forms_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/conformance"
+	"github.com/sqlxbroker/sqlxbroker/core"
+	"github.com/sqlxbroker/sqlxbroker/forms"
 )
 
 // TestAdvisoryBatchedDone drains an advisory table with a DoneAt column
@@ -68,6 +71,43 @@ func TestAdvisoryBatchedDone(t *testing.T) {
 	for id, n := range runs {
 		if n != 1 {
 			t.Errorf("row %v ran %d times", id, n)
+		}
+	}
+}
+
+// TestAdvisoryKeysOutliveSession ends the key session of a dialect whose
+// keys the process holds rather than the server (SQLite): its deliveries
+// are lost, and their keys must be released all the same, or their rows
+// could never be claimed again while the process runs.
+func TestAdvisoryKeysOutliveSession(t *testing.T) {
+	ctx := context.Background()
+	db, b, tb := sqliteTable(t, sqlxbroker.Table{Name: "jobs", AdvisoryLock: "acct-{account}"})
+	if err := b.Publish(ctx, db, tb, map[string]any{"account": "a"}, map[string]any{"account": "b"}); err != nil {
+		t.Fatal(err)
+	}
+	f := conformance.StartForm(t, b, tb)
+	cs, err := f.Claim(ctx, 2)
+	if err != nil || len(cs) != 2 {
+		t.Fatalf("claimed %d rows (%v), want 2", len(cs), err)
+	}
+	forms.EndKeySession(f)
+	for _, c := range cs {
+		select {
+		case <-c.Lost():
+		default:
+			t.Fatalf("row %v: not lost with its key session", c.Delivery().ID())
+		}
+		if err := c.Complete(ctx, core.Outcome{Kind: core.Succeeded}); !errors.Is(err, core.ErrLeaseLost) {
+			t.Errorf("row %v: completion after the session ended returned %v, want ErrLeaseLost", c.Delivery().ID(), err)
+		}
+	}
+	again, err := f.Claim(ctx, 2)
+	if err != nil || len(again) != 2 {
+		t.Fatalf("claimed again %d rows (%v), want both: their keys stayed held", len(again), err)
+	}
+	for _, c := range again {
+		if err := c.Complete(ctx, core.Outcome{Kind: core.Succeeded}); err != nil {
+			t.Error(err)
 		}
 	}
 }

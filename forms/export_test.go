@@ -1,7 +1,22 @@
 package forms
 
-import "time"
+import (
+	"time"
+
+	"github.com/sqlxbroker/sqlxbroker/core"
+)
 
 // SetFullScanEvery sets how often claims scan from the first row, until
 // the test ends.
 func SetFullScanEvery(d time.Duration) { fullScanEvery = d }
+
+// EndKeySession ends the session that holds an advisory form's keys, as a
+// failed statement on it does.
+func EndKeySession(f core.ClaimForm) {
+	a := f.(*advisory)
+	a.keys.mu.Lock()
+	defer a.keys.mu.Unlock()
+	if a.keys.sess != nil {
+		a.keys.fail()
+	}
+}

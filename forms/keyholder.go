@@ -29,8 +29,8 @@ type keyHolder struct {
 	f    *advisory
 	mu   sync.Mutex // the session runs one statement at a time
 	sess *sqlx.Conn
-	gen  *holding // the deliveries of sess
-	n    int      // keys sess holds
+	gen  *holding       // the deliveries of sess
+	held map[string]int // keys sess holds
 	used time.Time
 }
 
@@ -60,7 +60,7 @@ func (h *keyHolder) try(ctx context.Context, keys []string) ([]bool, *holding, e
 		if err != nil {
 			return nil, nil, fmt.Errorf("sqlxbroker: advisory: a session for the keys: %w", err)
 		}
-		h.sess, h.gen = conn, &holding{lost: make(chan struct{})}
+		h.sess, h.gen, h.held = conn, &holding{lost: make(chan struct{})}, map[string]int{}
 	}
 	sctx, cancel := stmtCtx(ctx)
 	defer cancel()
@@ -69,14 +69,14 @@ func (h *keyHolder) try(ctx context.Context, keys []string) ([]bool, *holding, e
 		h.fail()
 		return nil, nil, fmt.Errorf("sqlxbroker: try advisory locks (%d keys): %w", len(keys), err)
 	}
-	for _, b := range ok {
+	for i, b := range ok {
 		if b {
-			h.n++
+			h.held[keys[i]]++
 		}
 	}
 	h.used = time.Now()
 	gen := h.gen
-	if h.n == 0 {
+	if len(h.held) == 0 {
 		h.giveBack()
 	}
 	return ok, gen, nil
@@ -118,7 +118,12 @@ func (h *keyHolder) release(ctx context.Context, cs []*advisoryClaim) error {
 		return fmt.Errorf("sqlxbroker: advisory unlock (%d keys): %w; the session holding the form's keys is closed, which releases them", len(keys), err)
 	}
 	h.used = time.Now()
-	if h.n -= len(keys); h.n == 0 {
+	for _, k := range keys {
+		if h.held[k]--; h.held[k] <= 0 {
+			delete(h.held, k)
+		}
+	}
+	if len(h.held) == 0 {
 		h.giveBack()
 	}
 	return nil
@@ -149,18 +154,34 @@ func (h *keyHolder) pings(stop <-chan struct{}) {
 }
 
 // fail closes the session for good (the server drops its keys) and loses
-// its deliveries.
+// its deliveries. Keys that the server does not hold (core.AdvisoryAttacher:
+// SQLite keeps them in the process) outlive the session and are released
+// on another connection, or they would stay held until the process ends.
 func (h *keyHolder) fail() {
 	_ = h.sess.Raw(func(any) error { return driver.ErrBadConn })
 	h.sess.Close()
 	h.gen.lose()
-	h.sess, h.gen, h.n = nil, nil, 0
+	if h.f.plan.Caps.AdvisoryAttacher != nil && len(h.held) > 0 {
+		keys := make([]string, 0, len(h.held))
+		for k, n := range h.held {
+			for range n {
+				keys = append(keys, k)
+			}
+		}
+		ctx, cancel := stmtCtx(context.Background())
+		if conn, err := h.f.db.Connx(ctx); err == nil {
+			_ = unlockKeys(ctx, h.f.plan.Caps, conn, keys)
+			conn.Close()
+		}
+		cancel()
+	}
+	h.sess, h.gen, h.held = nil, nil, nil
 }
 
 // giveBack returns the session, which holds no key, to the pool.
 func (h *keyHolder) giveBack() {
 	h.sess.Close()
-	h.sess, h.gen = nil, nil
+	h.sess, h.gen, h.held = nil, nil, nil
 }
 
 // lockKeys tries keys on conn: in statements of up to batchKeys keys where
