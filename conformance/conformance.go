@@ -132,6 +132,9 @@ func Scenarios() []Scenario {
 		{"AdvisoryBatch", func(d core.Dialect, f core.Form) bool {
 			return f == core.Advisory && core.CapabilitiesOf(d).AdvisoryBatcher != nil
 		}, AdvisoryBatch},
+		{"LockWaitLimit", func(d core.Dialect, f core.Form) bool {
+			return f == core.Advisory && core.CapabilitiesOf(d).LockWaitLimiter != nil
+		}, LockWaitLimit},
 		{"Outcomes", all, Outcomes},
 		{"BrokenRows", all, BrokenRows},
 		{"HandlerTx", only(core.RowLock), HandlerTx},

@@ -623,6 +623,60 @@ func VersionGate(t TB, tg *Target) {
 	}
 }
 
+// LockWaitLimit (advisory form, dialects with core.LockWaitLimiter): a
+// completion whose row another transaction holds locked fails alone, as a
+// statement error, before the key session's statement time (10 s) runs
+// out. The session stays: the other delivery it holds is not lost and
+// completes, and the blocked row comes back with its attempt counted and
+// completes once.
+func LockWaitLimit(t TB, tg *Target, f core.Form) {
+	ctx := context.Background()
+	b := tg.broker(t)
+	tb := tg.fresh(t, b.DB(), f, nil)
+	publish(t, b, tb, msg{Acct: "wait-a"}, msg{Acct: "wait-b"})
+	fm := form(t, b, tb)
+	cs := claim(t, fm, 2)
+	if len(cs) != 2 {
+		t.Fatalf("claimed %d rows, want 2", len(cs))
+	}
+	d := tg.Dialect
+	other := tg.Open(t)
+	tx, err := other.Beginx()
+	if err != nil {
+		t.Fatalf("begin: %v", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	attempt := d.QuoteIdent(tb.AttemptColumn())
+	lock := sqlx.Rebind(d.BindType(), "UPDATE "+d.QuoteIdent(tb.Name)+" SET "+attempt+" = "+attempt+" WHERE "+d.QuoteIdent(tb.IDColumn())+" = ?")
+	if _, err := tx.Exec(lock, cs[0].Delivery().ID()); err != nil {
+		t.Fatalf("lock the row in another transaction: %v", err)
+	}
+	start := time.Now()
+	err = cs[0].Complete(ctx, core.Outcome{Kind: core.Succeeded})
+	took := time.Since(start)
+	_ = tx.Rollback()
+	if err == nil || errors.Is(err, core.ErrLeaseLost) {
+		t.Errorf("a completion whose row another transaction holds returned %v after %v, want its statement's error", err, took)
+	}
+	if took >= 10*time.Second {
+		t.Errorf("the blocked completion returned after %v: the lock wait was not bounded below the statement time", took)
+	}
+	select {
+	case <-cs[1].Lost():
+		t.Fatalf("a blocked completion (%v) lost the other delivery of the key session", err)
+	default:
+	}
+	complete(t, cs[1], core.Succeeded)
+	again := claim(t, fm, 2)
+	if len(again) != 1 || again[0].Delivery().Attempt() != 2 {
+		t.Fatalf("claimed again %d rows, want the blocked one at attempt 2", len(again))
+	}
+	complete(t, again[0], core.Succeeded)
+	if n := count(t, b.DB(), d, tb.Name, ""); n != 0 {
+		t.Errorf("%d rows left, want 0", n)
+	}
+}
+
 // AdvisoryBatch (dialects with core.AdvisoryBatcher): keys tried together
 // on one session answer in the order given, agree with keys tried one by
 // one, hold against another session, and release together; keys of any

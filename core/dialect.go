@@ -122,8 +122,10 @@ type Leaser interface {
 // in one statement.
 //
 // Without it the lease form writes the batch's condition as
-// "(id = ? AND lease = ?) OR (id = ? AND lease = ?) ..", which some
-// planners (PostgreSQL's) spend more time on than on the rows themselves.
+// "id IN (?, ?, ..) AND ((id = ? AND lease = ?) OR (id = ? AND lease = ?)
+// ..)": the id list lets the server find the rows by primary key, but some
+// planners (PostgreSQL's) spend more time on the pairs than on the rows
+// themselves.
 type LeaseFencer interface {
 	// FenceLeases returns a condition over the table, unaliased and with
 	// the plan's quoted column names, that holds for exactly the rows
@@ -269,6 +271,24 @@ type StatementPreparer interface {
 	PrepareStatements() bool
 }
 
+// LockWaitLimiter is an optional capability: statements that bound how long
+// a session's statements wait for a row lock. The advisory form's key
+// session runs the set statement when it is taken from the pool and the
+// reset statement before it goes back, so a completion that waits on a row
+// an application's transaction holds fails alone, as a statement error,
+// before the form's own statement time (10 s) runs out: the drivers give
+// up a connection whose statement they cancel, and with the key session
+// every delivery it holds would be lost. Without the capability such a
+// completion ends the session.
+type LockWaitLimiter interface {
+	// LockWaitLimit returns the statement that makes the session's
+	// statements give up a row lock wait after about d (d is whole
+	// seconds, at least 1 s; a server that counts in seconds rounds up),
+	// and the statement that restores the session's default. Both run
+	// outside any transaction and take no arguments.
+	LockWaitLimit(d time.Duration) (set, reset string)
+}
+
 // TableCreator is an optional capability: CreateTable returns the
 // statements that create the recommended table and indexes.
 type TableCreator interface {
@@ -290,6 +310,7 @@ type Capabilities struct {
 	ClaimBeginner    ClaimBeginner
 	TxChainer        TxChainer
 	Preparer         StatementPreparer
+	LockWaitLimiter  LockWaitLimiter
 	Waker            Waker
 	TableCreator     TableCreator
 }
@@ -310,6 +331,7 @@ func CapabilitiesOf(d Dialect) Capabilities {
 	c.ClaimBeginner, _ = d.(ClaimBeginner)
 	c.TxChainer, _ = d.(TxChainer)
 	c.Preparer, _ = d.(StatementPreparer)
+	c.LockWaitLimiter, _ = d.(LockWaitLimiter)
 	c.Waker, _ = d.(Waker)
 	c.TableCreator, _ = d.(TableCreator)
 	return c

@@ -77,6 +77,7 @@ func (f *advisory) Start(ctx context.Context) error {
 // last of them.
 func (f *advisory) Close() error {
 	f.stopped.Do(func() { close(f.stop) })
+	f.keys.close()
 	if f.release != nil {
 		return f.release()
 	}
@@ -470,11 +471,11 @@ func (f *advisory) flusher() {
 //
 // Each statement has holderTimeout of its own (stmtCtx), and so does the
 // ping that follows a failure: a statement that failed by itself (a
-// constraint, a dropped column) costs only its own deliveries. One that
-// ran out of time (a row lock held elsewhere for longer) costs the
-// session: lib/pq and go-sql-driver give up a connection whose statement
-// they cancel, so its keys go with it and every delivery it held is lost;
-// the rows come back with their attempt counted.
+// constraint, a row lock waited on for longer than the session's limit,
+// core.LockWaitLimiter) costs only its own deliveries. One that ran out of
+// time costs the session: lib/pq and go-sql-driver give up a connection
+// whose statement they cancel, so its keys go with it and every delivery
+// it held is lost; the rows come back with their attempt counted.
 func (f *advisory) flush(batch []*advisoryClaim) {
 	ctx := context.Background()
 	errs := make([]error, len(batch))

@@ -12,19 +12,21 @@ import (
 )
 
 // keyHolder is the session that holds an advisory form's keys: one
-// connection, taken from the pool when a key is tried while none is held
-// and given back when the last is released. A claim's keys are tried in one
-// statement (core.AdvisoryBatcher); completions are written on the session
-// (advisory.flush) and their keys released in one statement, as are the
-// keys of rows a claim did not take (unlock).
+// connection, taken from the pool when a key is tried while none is kept,
+// and given back once it has held no key for keepFor (or the form closes).
+// A claim's keys are tried in one statement (core.AdvisoryBatcher);
+// completions are written on the session (advisory.flush) and their keys
+// released in one statement, as are the keys of rows a claim did not take
+// (unlock).
 //
 // Its statements run without the caller's cancellation (a stopping
-// subscription must not lose the keys of the deliveries in work) but with a
-// timeout. When one fails, the session's locks are unknown: it is closed,
-// which makes the server drop them, and its deliveries are lost (holding).
-// While keys are held an idle session is pinged every pingEvery, so a
-// session that ended (killed, failed over) cancels its handlers within
-// about that time.
+// subscription must not lose the keys of the deliveries in work) but with
+// a timeout, and wait for row locks for less than that where the dialect
+// can bound it (core.LockWaitLimiter). When one fails, the session's locks
+// are unknown: it is closed, which makes the server drop them, and its
+// deliveries are lost (holding). While keys are held an idle session is
+// pinged every pingEvery, so a session that ended (killed, failed over)
+// cancels its handlers within about that time.
 type keyHolder struct {
 	f    *advisory
 	mu   sync.Mutex // the session runs one statement at a time
@@ -32,10 +34,17 @@ type keyHolder struct {
 	gen  *holding       // the deliveries of sess
 	held map[string]int // keys sess holds
 	used time.Time
+	idle time.Time // since when sess has held no key (zero while it holds one)
 }
 
 // holderTimeout bounds each statement of the holder's session.
 const holderTimeout = 10 * time.Second
+
+// lockWait is how long a statement of the holder's session waits for a row
+// lock where the dialect can bound it (core.LockWaitLimiter): well within
+// holderTimeout, so a completion blocked by an application's transaction
+// fails alone rather than ending the session.
+const lockWait = holderTimeout / 2
 
 // pingEvery is how often a holder's idle session is checked while it holds
 // keys.
@@ -50,15 +59,42 @@ func stmtCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), holderTimeout)
 }
 
-// try tries keys on the session (taking one when none is held) and returns
-// which it locked and the session's deliveries.
+// try tries keys on the session (taking one when none is kept) and returns
+// which it locked and the session's deliveries. A kept session that held
+// no key may have ended unnoticed (it is not pinged then): when its try
+// fails, the keys are tried once more on a new session.
 func (h *keyHolder) try(ctx context.Context, keys []string) ([]bool, *holding, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	ok, gen, err := h.tryOn(ctx, keys)
+	if err != nil && gen == nil && ctx.Err() == nil {
+		ok, gen, err = h.tryOn(ctx, keys)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return ok, gen, nil
+}
+
+// tryOn is one try of try, with h.mu held. On an error it returns the
+// session's deliveries when the session held keys (they are lost), nil
+// when it held none.
+func (h *keyHolder) tryOn(ctx context.Context, keys []string) ([]bool, *holding, error) {
 	if h.sess == nil {
 		conn, err := h.f.db.Connx(ctx)
 		if err != nil {
 			return nil, nil, fmt.Errorf("sqlxbroker: advisory: a session for the keys: %w", err)
+		}
+		if l := h.f.plan.Caps.LockWaitLimiter; l != nil {
+			set, _ := l.LockWaitLimit(lockWait)
+			sctx, cancel := stmtCtx(ctx)
+			_, err := conn.ExecContext(sctx, set)
+			cancel()
+			if err != nil {
+				_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+				conn.Close()
+				return nil, nil, fmt.Errorf("sqlxbroker: advisory: limit the key session's lock waits: %w", err)
+			}
 		}
 		h.sess, h.gen, h.held = conn, &holding{lost: make(chan struct{})}, map[string]int{}
 	}
@@ -66,8 +102,12 @@ func (h *keyHolder) try(ctx context.Context, keys []string) ([]bool, *holding, e
 	defer cancel()
 	ok, err := lockKeys(sctx, h.f.plan.Caps, h.sess, keys)
 	if err != nil {
+		var held *holding
+		if len(h.held) > 0 {
+			held = h.gen
+		}
 		h.fail()
-		return nil, nil, fmt.Errorf("sqlxbroker: try advisory locks (%d keys): %w", len(keys), err)
+		return nil, held, fmt.Errorf("sqlxbroker: try advisory locks (%d keys): %w", len(keys), err)
 	}
 	for i, b := range ok {
 		if b {
@@ -75,12 +115,24 @@ func (h *keyHolder) try(ctx context.Context, keys []string) ([]bool, *holding, e
 		}
 	}
 	h.used = time.Now()
-	gen := h.gen
-	if len(h.held) == 0 {
-		h.giveBack()
-	}
-	return ok, gen, nil
+	h.keepIdle()
+	return ok, h.gen, nil
 }
+
+// keepIdle notes when the session came to hold no key: pings give it back
+// once keepFor has passed, so a subscription that runs one delivery at a
+// time does not take and give back (and set and reset) a session for each.
+func (h *keyHolder) keepIdle() {
+	switch {
+	case len(h.held) > 0:
+		h.idle = time.Time{}
+	case h.idle.IsZero():
+		h.idle = time.Now()
+	}
+}
+
+// keepFor is how long a session that holds no key is kept.
+var keepFor = time.Second
 
 // unlock releases the keys of cs and drops them from the form's keys. Keys
 // of a session that ended need no release: the server dropped them with it.
@@ -123,14 +175,13 @@ func (h *keyHolder) release(ctx context.Context, cs []*advisoryClaim) error {
 			delete(h.held, k)
 		}
 	}
-	if len(h.held) == 0 {
-		h.giveBack()
-	}
+	h.keepIdle()
 	return nil
 }
 
 // pings checks the session every pingEvery while it holds keys and has run
-// no statement meanwhile, until stop is closed.
+// no statement meanwhile, and gives it back once it has held none for
+// keepFor, until stop is closed.
 func (h *keyHolder) pings(stop <-chan struct{}) {
 	t := time.NewTicker(pingEvery)
 	defer t.Stop()
@@ -141,7 +192,13 @@ func (h *keyHolder) pings(stop <-chan struct{}) {
 		case <-t.C:
 		}
 		h.mu.Lock()
-		if h.sess != nil && time.Since(h.used) >= pingEvery {
+		switch {
+		case h.sess == nil:
+		case len(h.held) == 0:
+			if time.Since(h.idle) >= keepFor {
+				h.giveBack()
+			}
+		case time.Since(h.used) >= pingEvery:
 			ctx, cancel := context.WithTimeout(context.Background(), holderTimeout)
 			if err := h.sess.PingContext(ctx); err != nil {
 				h.fail()
@@ -175,13 +232,31 @@ func (h *keyHolder) fail() {
 		}
 		cancel()
 	}
-	h.sess, h.gen, h.held = nil, nil, nil
+	h.sess, h.gen, h.held, h.idle = nil, nil, nil, time.Time{}
 }
 
-// giveBack returns the session, which holds no key, to the pool.
+// close gives back a session that holds no key when the form closes.
+func (h *keyHolder) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.sess != nil && len(h.held) == 0 {
+		h.giveBack()
+	}
+}
+
+// giveBack returns the session, which holds no key, to the pool, its lock
+// wait limit reset; a session that cannot be reset is closed instead.
 func (h *keyHolder) giveBack() {
+	if l := h.f.plan.Caps.LockWaitLimiter; l != nil {
+		_, reset := l.LockWaitLimit(lockWait)
+		ctx, cancel := stmtCtx(context.Background())
+		if _, err := h.sess.ExecContext(ctx, reset); err != nil {
+			_ = h.sess.Raw(func(any) error { return driver.ErrBadConn })
+		}
+		cancel()
+	}
 	h.sess.Close()
-	h.sess, h.gen, h.held = nil, nil, nil
+	h.sess, h.gen, h.held, h.idle = nil, nil, nil, time.Time{}
 }
 
 // lockKeys tries keys on conn: in statements of up to batchKeys keys where

@@ -332,7 +332,8 @@ func fenced(n int64, err error) error {
 }
 
 // fence returns the condition that matches each claim's row while it still
-// holds the claim's token: the dialect's LeaseFencer, else OR'ed pairs.
+// holds the claim's token: the dialect's LeaseFencer, else the ids and
+// OR'ed pairs.
 func (f *lease) fence(claims []*leaseClaim, tokens []time.Time) (string, []any) {
 	p := f.plan
 	ids := make([]any, len(claims))
@@ -343,8 +344,13 @@ func (f *lease) fence(claims []*leaseClaim, tokens []time.Time) (string, []any) 
 	if lf := p.Caps.LeaseFencer; lf != nil {
 		return lf.FenceLeases(p, ids, toks)
 	}
+	// The ids first: the server then reads (and locks) the batch's rows
+	// alone, by primary key, where OR'ed pairs alone may make it scan the
+	// table (MariaDB did, locking every row it passed under REPEATABLE
+	// READ, which deadlocked with claims).
 	var b strings.Builder
-	args := make([]any, 0, 2*len(claims))
+	b.WriteString(p.QID + " IN " + marks(len(ids)) + " AND (")
+	args := append(make([]any, 0, 3*len(claims)), ids...)
 	for i := range claims {
 		if i > 0 {
 			b.WriteString(" OR ")
@@ -352,6 +358,7 @@ func (f *lease) fence(claims []*leaseClaim, tokens []time.Time) (string, []any) 
 		b.WriteString("(" + p.QID + " = ? AND " + p.QLockedUntil + " = ?)")
 		args = append(args, ids[i], toks[i])
 	}
+	b.WriteString(")")
 	return b.String(), args
 }
 

@@ -97,6 +97,13 @@ var _ interface {
 // a statement again by itself when its table changes.
 func (Dialect) PrepareStatements() bool { return true }
 
+// LockWaitLimit sets and resets the session's innodb_lock_wait_timeout
+// (whole seconds).
+func (Dialect) LockWaitLimit(d time.Duration) (set, reset string) {
+	secs := int64((max(d, time.Second) + time.Second - 1) / time.Second)
+	return fmt.Sprintf("SET SESSION innodb_lock_wait_timeout = %d", secs), "SET SESSION innodb_lock_wait_timeout = DEFAULT"
+}
+
 func (d Dialect) Name() string {
 	if d.MariaDB {
 		return "MariaDB"

@@ -11,7 +11,7 @@ import (
 
 	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/core"
-	"github.com/sqlxbroker/sqlxbroker/dialects/postgres"
+	"github.com/sqlxbroker/sqlxbroker/forms"
 )
 
 // TestAdvisoryHolderLost terminates the one session that holds an advisory
@@ -103,69 +103,39 @@ func TestAdvisoryHolderLost(t *testing.T) {
 	}
 }
 
-// TestAdvisoryCompletionBlocked completes an advisory delivery whose row
-// an application's transaction holds FOR UPDATE for longer than a key
-// session statement may run (10 s). The driver ends the session to cancel
-// the statement (lib/pq marks the connection bad, as go-sql-driver closes
-// it), so the keys go with it: the blocked completion fails within about
-// the statement's time, the other delivery of the session is lost at once
-// (its completion changes nothing), and both rows come back, with their
-// attempt counted, to complete once.
-func TestAdvisoryCompletionBlocked(t *testing.T) {
+// TestKeySessionLockTimeoutReset: the advisory key session limits its
+// lock waits (lock_timeout, core.LockWaitLimiter) only while it holds keys;
+// back in the pool, every connection has the session default again.
+func TestKeySessionLockTimeoutReset(t *testing.T) {
+	ctx := context.Background()
 	db, admin := openDB(t, ""), openDB(t, "")
+	db.SetMaxOpenConns(forms.AdvisoryConnections)
 	b, ba := openBroker(t, db), openBroker(t, admin)
-	tbl := sqlxbroker.Table{Name: uniq("sxb_blocked_"), AdvisoryLock: "acct-{account}"}
+	tbl := sqlxbroker.Table{Name: uniq("sxb_reset_"), AdvisoryLock: "acct-{account}"}
 	createTable(t, ba, tbl)
-	publish(t, ba, tbl, accounts(0, 2))
+	publish(t, ba, tbl, accounts(0, 3))
 	f := startForm(t, b, tbl)
-	cs, err := f.Claim(context.Background(), 2)
-	if err != nil || len(cs) != 2 {
-		t.Fatalf("claimed %d rows (%v), want 2", len(cs), err)
+	cs, err := f.Claim(ctx, 3)
+	if err != nil || len(cs) != 3 {
+		t.Fatalf("claimed %d rows (%v), want 3", len(cs), err)
 	}
-	tx, err := admin.Beginx()
-	if err != nil {
+	completeAll(t, cs) // the last release gives the key session back
+	var def string
+	if err := admin.Get(&def, "SHOW lock_timeout"); err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback()
-	var id int64
-	if err := tx.Get(&id, "SELECT id FROM "+postgres.Dialect{}.QuoteIdent(tbl.Name)+" WHERE id = $1 FOR UPDATE", cs[0].Delivery().ID()); err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	done := make(chan error, 1)
-	go func() { done <- cs[0].Complete(context.Background(), core.Outcome{Kind: core.Succeeded}) }()
-	select {
-	case err = <-done:
-	case <-time.After(25 * time.Second):
-		t.Fatal("a completion blocked on a row lock did not return within 25 s")
-	}
-	took := time.Since(start)
-	if err == nil || took > 15*time.Second {
-		t.Errorf("the blocked completion returned %v after %v, want a failure after about 10 s", err, took)
-	}
-	select {
-	case <-cs[1].Lost():
-	case <-time.After(5 * time.Second):
-		t.Fatal("the key session ended, but its other delivery was not lost")
-	}
-	if err := cs[1].Complete(context.Background(), core.Outcome{Kind: core.Succeeded}); !errors.Is(err, core.ErrLeaseLost) {
-		t.Errorf("the lost delivery's completion returned %v, want core.ErrLeaseLost", err)
-	}
-	tx.Rollback()
-	if n := count(t, admin, tbl.Name); n != 2 {
-		t.Errorf("%d rows left, want 2: neither completion may stand", n)
-	}
-	again, err := f.Claim(context.Background(), 2)
-	if err != nil || len(again) != 2 {
-		t.Fatalf("claimed again %d rows (%v), want both", len(again), err)
-	}
-	for _, c := range again {
-		if a := c.Delivery().Attempt(); a != 2 {
-			t.Errorf("row %v claimed again at attempt %d, want 2", c.Delivery().ID(), a)
+	for i := range forms.AdvisoryConnections {
+		c, err := db.Connx(ctx)
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	completeAll(t, again)
-	if n := count(t, admin, tbl.Name); n != 0 {
-		t.Errorf("%d rows left after their completions, want 0", n)
+		defer c.Close()
+		var v string
+		if err := c.QueryRowxContext(ctx, "SHOW lock_timeout").Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		if v != def {
+			t.Errorf("pool connection %d: lock_timeout %q after the key session went back, want the default %q", i, v, def)
+		}
 	}
 }

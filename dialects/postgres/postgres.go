@@ -87,6 +87,11 @@ func (Dialect) Name() string { return "PostgreSQL" }
 // PrepareStatements: unless NoPrepare (core.StatementPreparer).
 func (d Dialect) PrepareStatements() bool { return !d.NoPrepare }
 
+// LockWaitLimit sets and resets the session's lock_timeout.
+func (Dialect) LockWaitLimit(d time.Duration) (set, reset string) {
+	return fmt.Sprintf("SET lock_timeout = %d", max(d, time.Second).Milliseconds()), "RESET lock_timeout"
+}
+
 // QuoteIdent double-quotes ident.
 func (Dialect) QuoteIdent(ident string) string { return pq.QuoteIdentifier(ident) }
 
