@@ -212,11 +212,14 @@ type pipeForm struct {
 
 func (f *pipeForm) BatchesClaims() bool { return true }
 func (f *pipeForm) ClaimsAtOnce() int   { return 2 }
-func (f *pipeForm) Claim(ctx context.Context, max int) ([]core.Claim, error) {
-	raise := func(v *atomic.Int64, n int64) {
-		for m := v.Load(); n > m && !v.CompareAndSwap(m, n); m = v.Load() {
-		}
+
+// raise makes v at least n.
+func raise(v *atomic.Int64, n int64) {
+	for m := v.Load(); n > m && !v.CompareAndSwap(m, n); m = v.Load() {
 	}
+}
+
+func (f *pipeForm) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	f.calls.Add(1)
 	raise(&f.maxClaims, f.claiming.Add(1))
 	defer f.claiming.Add(-1)
@@ -237,9 +240,7 @@ func TestEnginePipelinedClaims(t *testing.T) {
 	f.left.Store(n)
 	var inWork, maxInWork atomic.Int64
 	s, err := core.Subscribe(context.Background(), f, func(ctx context.Context, d *core.Delivery) error {
-		v := inWork.Add(1)
-		for m := maxInWork.Load(); v > m && !maxInWork.CompareAndSwap(m, v); m = maxInWork.Load() {
-		}
+		raise(&maxInWork, inWork.Add(1))
 		time.Sleep(time.Millisecond)
 		inWork.Add(-1)
 		return nil

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/jmoiron/sqlx"
@@ -168,14 +169,13 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 // short would be counted for a row nobody runs.
 func (f *advisory) takeAll(ctx context.Context, claims []*advisoryClaim) ([]core.Claim, error) {
 	var gone []*advisoryClaim
-	for i := 0; i < len(claims); {
-		if c := claims[i]; c.gen.isLost() {
+	claims = slices.DeleteFunc(claims, func(c *advisoryClaim) bool {
+		lost := c.gen.isLost()
+		if lost {
 			gone = append(gone, c)
-			claims = append(claims[:i], claims[i+1:]...)
-			continue
 		}
-		i++
-	}
+		return lost
+	})
 	lostErr := f.keys.unlock(ctx, gone...) // drops their keys; the server let them go
 	if len(claims) == 0 {
 		return nil, lostErr

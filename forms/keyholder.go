@@ -31,10 +31,9 @@ type keyHolder struct {
 	f    *advisory
 	mu   sync.Mutex // the session runs one statement at a time
 	sess *sqlx.Conn
-	gen  *holding       // the deliveries of sess
-	held map[string]int // keys sess holds
-	used time.Time
-	idle time.Time // since when sess has held no key (zero while it holds one)
+	gen  *holding            // the deliveries of sess
+	held map[string]struct{} // keys sess holds (the form never tries a held key again)
+	used time.Time           // sess's last statement; with no key held, since when it is idle
 }
 
 // holderTimeout bounds each statement of the holder's session.
@@ -66,24 +65,23 @@ func stmtCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 func (h *keyHolder) try(ctx context.Context, keys []string) ([]bool, *holding, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	ok, gen, err := h.tryOn(ctx, keys)
-	if err != nil && gen == nil && ctx.Err() == nil {
-		ok, gen, err = h.tryOn(ctx, keys)
+	kept := h.sess != nil && len(h.held) == 0
+	ok, err := h.tryOn(ctx, keys)
+	if err != nil && kept && ctx.Err() == nil {
+		ok, err = h.tryOn(ctx, keys)
 	}
 	if err != nil {
 		return nil, nil, err
 	}
-	return ok, gen, nil
+	return ok, h.gen, nil
 }
 
-// tryOn is one try of try, with h.mu held. On an error it returns the
-// session's deliveries when the session held keys (they are lost), nil
-// when it held none.
-func (h *keyHolder) tryOn(ctx context.Context, keys []string) ([]bool, *holding, error) {
+// tryOn is one try of try, with h.mu held.
+func (h *keyHolder) tryOn(ctx context.Context, keys []string) ([]bool, error) {
 	if h.sess == nil {
 		conn, err := h.f.db.Connx(ctx)
 		if err != nil {
-			return nil, nil, fmt.Errorf("sqlxbroker: advisory: a session for the keys: %w", err)
+			return nil, fmt.Errorf("sqlxbroker: advisory: a session for the keys: %w", err)
 		}
 		if l := h.f.plan.Caps.LockWaitLimiter; l != nil {
 			set, _ := l.LockWaitLimit(lockWait)
@@ -91,47 +89,31 @@ func (h *keyHolder) tryOn(ctx context.Context, keys []string) ([]bool, *holding,
 			_, err := conn.ExecContext(sctx, set)
 			cancel()
 			if err != nil {
-				_ = conn.Raw(func(any) error { return driver.ErrBadConn })
-				conn.Close()
-				return nil, nil, fmt.Errorf("sqlxbroker: advisory: limit the key session's lock waits: %w", err)
+				discard(conn)
+				return nil, fmt.Errorf("sqlxbroker: advisory: limit the key session's lock waits: %w", err)
 			}
 		}
-		h.sess, h.gen, h.held = conn, &holding{lost: make(chan struct{})}, map[string]int{}
+		h.sess, h.gen, h.held = conn, &holding{lost: make(chan struct{})}, map[string]struct{}{}
 	}
 	sctx, cancel := stmtCtx(ctx)
 	defer cancel()
 	ok, err := lockKeys(sctx, h.f.plan.Caps, h.sess, keys)
 	if err != nil {
-		var held *holding
-		if len(h.held) > 0 {
-			held = h.gen
-		}
 		h.fail()
-		return nil, held, fmt.Errorf("sqlxbroker: try advisory locks (%d keys): %w", len(keys), err)
+		return nil, fmt.Errorf("sqlxbroker: try advisory locks (%d keys): %w", len(keys), err)
 	}
 	for i, b := range ok {
 		if b {
-			h.held[keys[i]]++
+			h.held[keys[i]] = struct{}{}
 		}
 	}
 	h.used = time.Now()
-	h.keepIdle()
-	return ok, h.gen, nil
+	return ok, nil
 }
 
-// keepIdle notes when the session came to hold no key: pings give it back
-// once keepFor has passed, so a subscription that runs one delivery at a
-// time does not take and give back (and set and reset) a session for each.
-func (h *keyHolder) keepIdle() {
-	switch {
-	case len(h.held) > 0:
-		h.idle = time.Time{}
-	case h.idle.IsZero():
-		h.idle = time.Now()
-	}
-}
-
-// keepFor is how long a session that holds no key is kept.
+// keepFor is how long a session that holds no key is kept (pings give it
+// back after), so a subscription that runs one delivery at a time does not
+// take and give back (and set and reset) a session for each.
 var keepFor = time.Second
 
 // unlock releases the keys of cs and drops them from the form's keys. Keys
@@ -171,11 +153,8 @@ func (h *keyHolder) release(ctx context.Context, cs []*advisoryClaim) error {
 	}
 	h.used = time.Now()
 	for _, k := range keys {
-		if h.held[k]--; h.held[k] <= 0 {
-			delete(h.held, k)
-		}
+		delete(h.held, k)
 	}
-	h.keepIdle()
 	return nil
 }
 
@@ -195,7 +174,7 @@ func (h *keyHolder) pings(stop <-chan struct{}) {
 		switch {
 		case h.sess == nil:
 		case len(h.held) == 0:
-			if time.Since(h.idle) >= keepFor {
+			if time.Since(h.used) >= keepFor {
 				h.giveBack()
 			}
 		case time.Since(h.used) >= pingEvery:
@@ -215,15 +194,12 @@ func (h *keyHolder) pings(stop <-chan struct{}) {
 // SQLite keeps them in the process) outlive the session and are released
 // on another connection, or they would stay held until the process ends.
 func (h *keyHolder) fail() {
-	_ = h.sess.Raw(func(any) error { return driver.ErrBadConn })
-	h.sess.Close()
+	discard(h.sess)
 	h.gen.lose()
 	if h.f.plan.Caps.AdvisoryAttacher != nil && len(h.held) > 0 {
 		keys := make([]string, 0, len(h.held))
-		for k, n := range h.held {
-			for range n {
-				keys = append(keys, k)
-			}
+		for k := range h.held {
+			keys = append(keys, k)
 		}
 		ctx, cancel := stmtCtx(context.Background())
 		if conn, err := h.f.db.Connx(ctx); err == nil {
@@ -232,7 +208,7 @@ func (h *keyHolder) fail() {
 		}
 		cancel()
 	}
-	h.sess, h.gen, h.held, h.idle = nil, nil, nil, time.Time{}
+	h.sess, h.gen, h.held = nil, nil, nil
 }
 
 // close gives back a session that holds no key when the form closes.
@@ -250,13 +226,22 @@ func (h *keyHolder) giveBack() {
 	if l := h.f.plan.Caps.LockWaitLimiter; l != nil {
 		_, reset := l.LockWaitLimit(lockWait)
 		ctx, cancel := stmtCtx(context.Background())
-		if _, err := h.sess.ExecContext(ctx, reset); err != nil {
-			_ = h.sess.Raw(func(any) error { return driver.ErrBadConn })
-		}
+		_, err := h.sess.ExecContext(ctx, reset)
 		cancel()
+		if err != nil {
+			discard(h.sess)
+			h.sess, h.gen, h.held = nil, nil, nil
+			return
+		}
 	}
 	h.sess.Close()
-	h.sess, h.gen, h.held, h.idle = nil, nil, nil, time.Time{}
+	h.sess, h.gen, h.held = nil, nil, nil
+}
+
+// discard closes conn for good: the pool does not get it back.
+func discard(conn *sqlx.Conn) {
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+	conn.Close()
 }
 
 // lockKeys tries keys on conn: in statements of up to batchKeys keys where

@@ -236,7 +236,7 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 		conns := max(r.CommitConns, c.Concurrency)
 		c.Logf("row-lock floor: the form's statements alone over %d connections", conns)
 		var cpu time.Duration
-		if r.FloorPerSec, cpu, err = rowLockFloor(ctx, c, db, conns); err != nil {
+		if r.FloorPerSec, cpu, err = RowLockFloor(ctx, c, db, conns); err != nil {
 			return nil, err
 		}
 		r.FloorCPU = float64(cpu.Microseconds()) / float64(c.Rows)
@@ -578,10 +578,41 @@ func CommitRate(ctx context.Context, c Config, db *sqlx.DB, conns int) (float64,
 	}
 	upd := sqlx.Rebind(d.BindType(), "UPDATE "+name+" SET n = n + 1 WHERE id = ?")
 	var total atomic.Int64
+	var i atomic.Int64
+	elapsed, _, err := onConns(ctx, db, conns, func(conn *sqlx.Conn) error {
+		id := i.Add(1) - 1
+		end := time.Now().Add(c.CommitDuration)
+		for time.Now().Before(end) {
+			tx, err := conn.BeginTxx(ctx, nil)
+			if err == nil {
+				if _, err = tx.ExecContext(ctx, upd, id); err == nil {
+					err = tx.Commit()
+				} else {
+					_ = tx.Rollback()
+				}
+			}
+			if err != nil {
+				return err
+			}
+			total.Add(1)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("bench: commit loop: %w", err)
+	}
+	return float64(total.Load()) / elapsed.Seconds(), nil
+}
+
+// onConns runs loop on conns connections of db at once: each takes its
+// connection first, and every loop starts when all have one. It returns
+// the time from the start to the last loop's end, the process's CPU time
+// over it, and the first loop's error.
+func onConns(ctx context.Context, db *sqlx.DB, conns int, loop func(*sqlx.Conn) error) (time.Duration, time.Duration, error) {
 	var wg, ready sync.WaitGroup
 	errc := make(chan error, conns)
 	start := make(chan struct{})
-	for i := 0; i < conns; i++ {
+	for range conns {
 		wg.Add(1)
 		ready.Add(1)
 		go func() {
@@ -594,33 +625,21 @@ func CommitRate(ctx context.Context, c Config, db *sqlx.DB, conns int) (float64,
 			}
 			defer conn.Close()
 			<-start
-			end := time.Now().Add(c.CommitDuration)
-			for time.Now().Before(end) {
-				tx, err := conn.BeginTxx(ctx, nil)
-				if err == nil {
-					if _, err = tx.ExecContext(ctx, upd, i); err == nil {
-						err = tx.Commit()
-					} else {
-						_ = tx.Rollback()
-					}
-				}
-				if err != nil {
-					errc <- err
-					return
-				}
-				total.Add(1)
+			if err := loop(conn); err != nil {
+				errc <- err
 			}
 		}()
 	}
 	ready.Wait()
-	begin := time.Now()
+	cpu := cpuTime()
+	began := time.Now()
 	close(start)
 	wg.Wait()
-	elapsed := time.Since(begin)
+	elapsed, cpu := time.Since(began), cpuTime()-cpu
 	select {
 	case err := <-errc:
-		return 0, fmt.Errorf("bench: commit loop: %w", err)
+		return 0, 0, err
 	default:
+		return elapsed, cpu, nil
 	}
-	return float64(total.Load()) / elapsed.Seconds(), nil
 }

@@ -173,7 +173,7 @@ func TestRowLockFloor(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer db.Close()
-				_, err = RowLockFloor(context.Background(), c, db, 4)
+				_, _, err = RowLockFloor(context.Background(), c, db, 4)
 				var fe *core.FormError
 				if !errors.As(err, &fe) || fe.Form != core.RowLock {
 					t.Fatalf("floor on a dialect without the row lock: %v, want a FormError naming it", err)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -30,14 +29,8 @@ const floorChain = 64
 // commit rate bounds the form from above only as far as a delivery costs
 // the database what one raw commit does, and the floor says how far that
 // is. A drain's rate divided by the floor's is what the broker keeps of it.
-func RowLockFloor(ctx context.Context, c Config, db *sqlx.DB, conns int) (float64, error) {
-	rate, _, err := rowLockFloor(ctx, c, db, conns)
-	return rate, err
-}
-
-// rowLockFloor is RowLockFloor that also returns the process's CPU time
-// over the drain.
-func rowLockFloor(ctx context.Context, c Config, db *sqlx.DB, conns int) (float64, time.Duration, error) {
+// It also returns the process's CPU time over the drain, the fill left out.
+func RowLockFloor(ctx context.Context, c Config, db *sqlx.DB, conns int) (float64, time.Duration, error) {
 	if err := c.defaults(); err != nil {
 		return 0, 0, err
 	}
@@ -80,22 +73,8 @@ func rowLockFloor(ctx context.Context, c Config, db *sqlx.DB, conns int) (float6
 		}
 	}
 
-	var (
-		cursor atomic.Int64 // the highest id claimed
-		total  atomic.Int64
-		wg     sync.WaitGroup
-		ready  sync.WaitGroup
-		start  = make(chan struct{})
-		errc   = make(chan error, conns)
-	)
-	loop := func() error {
-		conn, err := db.Connx(ctx)
-		ready.Done()
-		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		<-start
+	var cursor, total atomic.Int64 // cursor: the highest id claimed
+	elapsed, cpu, err := onConns(ctx, db, conns, func(conn *sqlx.Conn) error {
 		var tx *sqlx.Tx
 		defer func() {
 			if tx != nil {
@@ -104,6 +83,7 @@ func rowLockFloor(ctx context.Context, c Config, db *sqlx.DB, conns int) (float6
 		}()
 		chained := 0
 		for {
+			var err error
 			if tx == nil {
 				if tx, err = conn.BeginTxx(ctx, nil); err != nil {
 					return err
@@ -144,28 +124,9 @@ func rowLockFloor(ctx context.Context, c Config, db *sqlx.DB, conns int) (float6
 			}
 			total.Add(1)
 		}
-	}
-	for range conns {
-		wg.Add(1)
-		ready.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := loop(); err != nil {
-				errc <- err
-			}
-		}()
-	}
-	ready.Wait()
-	cpu := cpuTime()
-	began := time.Now()
-	close(start)
-	wg.Wait()
-	elapsed := time.Since(began)
-	cpu = cpuTime() - cpu
-	select {
-	case err := <-errc:
+	})
+	if err != nil {
 		return 0, 0, fmt.Errorf("bench: row-lock floor: %w", err)
-	default:
 	}
 	if n := total.Load(); n != int64(c.Rows) {
 		return 0, 0, fmt.Errorf("bench: row-lock floor: %d of %d rows deleted", n, c.Rows)
