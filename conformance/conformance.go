@@ -136,6 +136,7 @@ func Scenarios() []Scenario {
 			return f == core.Advisory && core.CapabilitiesOf(d).LockWaitLimiter != nil
 		}, LockWaitLimit},
 		{"Outcomes", all, Outcomes},
+		{"PublishFields", all, PublishFields},
 		{"BrokenRows", all, BrokenRows},
 		{"HandlerTx", only(core.RowLock), HandlerTx},
 		{"TxAfterCompletion", only(core.RowLock), TxAfterCompletion},
