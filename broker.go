@@ -2,6 +2,7 @@ package sqlxbroker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -41,17 +42,61 @@ func (b *Broker) DB() *sqlx.DB { return b.db }
 // Dialect returns the broker's dialect.
 func (b *Broker) Dialect() core.Dialect { return b.dialect }
 
-// Plan validates t and compiles it for the broker's dialect.
-func (b *Broker) Plan(t Table) (*core.Plan, error) { return core.NewPlan(b.dialect, t) }
+// Plan validates t and compiles it for the broker's dialect. Dialect
+// authors and tools use plans; an application needs none.
+func (b *Broker) Plan(t Table) (*core.Plan, error) { return NewPlan(b.dialect, t) }
 
-// Form returns the claim form t selects, bound to the broker's database.
-// Subscribe drives one; tests and tools may drive one by hand.
+// Form returns the claim form t selects, bound to the broker's database,
+// for driving claims by hand (the conformance suite, tools); Subscribe
+// drives one for an application. Its Start checks the server and the live
+// table first, as Subscribe does.
 func (b *Broker) Form(t Table) (core.ClaimForm, error) {
 	p, err := b.Plan(t)
 	if err != nil {
 		return nil, err
 	}
-	return forms.New(b.db, p)
+	return &checkedForm{ClaimForm: forms.New(b.db, p), b: b, t: t, p: p}, nil
+}
+
+// checkedForm is a form whose Start checks the server and the table first.
+type checkedForm struct {
+	core.ClaimForm
+	b *Broker
+	t Table
+	p *core.Plan
+}
+
+// Unwrap returns the form itself, for the forms' own tests.
+func (f *checkedForm) Unwrap() core.ClaimForm { return f.ClaimForm }
+
+func (f *checkedForm) Start(ctx context.Context) error {
+	if err := f.b.check(ctx, f.t, f.p); err != nil {
+		return err
+	}
+	return f.ClaimForm.Start(ctx)
+}
+
+// check checks the server (a DSN the dialect refuses, a version too old
+// for the form), then the description against the live table.
+func (b *Broker) check(ctx context.Context, t Table, p *core.Plan) error {
+	if c := p.Caps.ServerChecker; c != nil {
+		if err := c.CheckServer(ctx, b.db, p.Form); err != nil {
+			if errors.Is(err, ErrServerTooOld) {
+				// A bad description is named as such on any server.
+				if lerr := checkLive(ctx, b.db, t, p); lerr != nil {
+					return lerr
+				}
+			}
+			return err
+		}
+	}
+	if err := checkLive(ctx, b.db, t, p); err != nil {
+		return err
+	}
+	if c := p.Caps.TableChecker; c != nil {
+		return c.CheckTable(ctx, b.db, p)
+	}
+	return nil
 }
 
 // Subscribe validates t against the live table, checks the server, and runs
@@ -62,7 +107,7 @@ func (b *Broker) Subscribe(ctx context.Context, t Table, h Handler, p SubscribeP
 	if err != nil {
 		return nil, err
 	}
-	plan := f.Plan()
+	plan := f.(*checkedForm).p
 	var stopListen context.CancelFunc = func() {}
 	if w := plan.Caps.Waker; w != nil && p.Wake == nil {
 		var lctx context.Context
@@ -73,7 +118,7 @@ func (b *Broker) Subscribe(ctx context.Context, t Table, h Handler, p SubscribeP
 			logger(p).Warn("sqlxbroker: wake-ups unavailable, polling only", "table", t.Name, "err", err)
 		}
 	}
-	s, err := core.Subscribe(ctx, f, h, p)
+	s, err := subscribe(ctx, f, t, h, p)
 	if err != nil {
 		stopListen()
 		return nil, err

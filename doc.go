@@ -21,31 +21,51 @@ package sqlxbroker
 
 import "github.com/sqlxbroker/sqlxbroker/core"
 
-// The core types under shorter names.
-type (
-	Table           = core.Table
-	Delivery        = core.Delivery
-	Handler         = core.Handler
-	SubscribeParams = core.SubscribeParams
-	Subscription    = core.Subscription
-	Stats           = core.Stats
-	Form            = core.Form
-)
+// Form names a claim form: what holds a row while its handler runs, and so
+// what returns the row when a process crashes. Table.Form says which form a
+// description selects; String names it ("row-lock", "lease", "advisory").
+type Form = core.Form
 
 // The claim forms.
 const (
-	RowLock  = core.RowLock
-	Lease    = core.Lease
+	// RowLock: SELECT .. FOR UPDATE SKIP LOCKED in a transaction that stays
+	// open while the handler runs; the outcome commits with the handler's
+	// writes through Delivery.Tx. A crash rolls back: the row is claimable
+	// at once, its attempt uncounted. The form of a table that names no
+	// other.
+	RowLock = core.RowLock
+	// Lease: a deadline written into the row's lease column and committed
+	// at once; completion takes effect only while the row still holds it
+	// (else ErrLeaseLost). A crash leaves the row until its lease runs out.
+	Lease = core.Lease
+	// Advisory: a database advisory lock on a key built from the row; rows
+	// with equal keys run one at a time. A crash ends the session and the
+	// database drops its keys: the row is claimable at once.
 	Advisory = core.Advisory
 )
 
-// Sentinel errors; see package core.
-var (
-	ErrLeaseLost        = core.ErrLeaseLost
-	ErrServerTooOld     = core.ErrServerTooOld
-	ErrFormUnavailable  = core.ErrFormUnavailable
-	ErrInvalidTable     = core.ErrInvalidTable
-	ErrUnknownDialect   = core.ErrUnknownDialect
-	ErrNoTx             = core.ErrNoTx
-	ErrAdvisoryConflict = core.ErrAdvisoryConflict
+// OutcomeKind says what a completion did to a row; Outcome carries it to
+// SubscribeParams.OnOutcome. String names it.
+type OutcomeKind = core.OutcomeKind
+
+// The outcomes of a delivery.
+const (
+	// Succeeded: the handler returned nil; the row is deleted, or marked
+	// done when the table has a DoneAt column.
+	Succeeded = core.Succeeded
+	// Retry: the handler failed (or panicked); the row is returned for
+	// another attempt, at Outcome.RetryAt when the table has a ReadyAt
+	// column.
+	Retry = core.Retry
+	// Dead: the handler failed its last attempt (Table.MaxAttempts); the
+	// row is kept with its DeadAt column set.
+	Dead = core.Dead
+	// Released: the subscription stopped without time to finish; the row is
+	// given back untouched apart from what the form already counted.
+	Released = core.Released
 )
+
+// Outcome is what a completion recorded for a delivery, as
+// SubscribeParams.OnOutcome sees it: Kind, RetryAt (Retry only; zero means
+// at once) and Err (the handler's error, for Retry, Dead and Released).
+type Outcome = core.Outcome

@@ -60,22 +60,22 @@ func TestLookupUnknown(t *testing.T) {
 
 func TestTableValidate(t *testing.T) {
 	for _, c := range []struct {
-		t    core.Table
+		t    sqlxbroker.Table
 		want string
 	}{
-		{core.Table{}, "empty"},
-		{core.Table{Name: `jobs"; DROP TABLE x; --`}, "must match"},
-		{core.Table{Name: "a.b.c"}, "schema"},
-		{core.Table{Name: "jobs", LockedUntil: "lu", Lease: 1500 * time.Millisecond}, "whole number of seconds"},
-		{core.Table{Name: "jobs", Lease: time.Second}, "LockedUntil"},
-		{core.Table{Name: "jobs", AdvisoryLock: "k-{a"}, "unclosed"},
-		{core.Table{Name: "jobs", AdvisoryLock: "constant"}, "no column"},
-		{core.Table{Name: "jobs", AdvisoryLock: "k-{a b}"}, "must match"},
-		{core.Table{Name: "jobs", AdvisoryLock: "k-{a}", LockedUntil: "lu"}, "one claim form"},
-		{core.Table{Name: "jobs", MaxAttempts: 3}, "DeadAt"},
+		{sqlxbroker.Table{}, "empty"},
+		{sqlxbroker.Table{Name: `jobs"; DROP TABLE x; --`}, "must match"},
+		{sqlxbroker.Table{Name: "a.b.c"}, "schema"},
+		{sqlxbroker.Table{Name: "jobs", LockedUntil: "lu", Lease: 1500 * time.Millisecond}, "whole number of seconds"},
+		{sqlxbroker.Table{Name: "jobs", Lease: time.Second}, "LockedUntil"},
+		{sqlxbroker.Table{Name: "jobs", AdvisoryLock: "k-{a"}, "unclosed"},
+		{sqlxbroker.Table{Name: "jobs", AdvisoryLock: "constant"}, "no column"},
+		{sqlxbroker.Table{Name: "jobs", AdvisoryLock: "k-{a b}"}, "must match"},
+		{sqlxbroker.Table{Name: "jobs", AdvisoryLock: "k-{a}", LockedUntil: "lu"}, "one claim form"},
+		{sqlxbroker.Table{Name: "jobs", MaxAttempts: 3}, "DeadAt"},
 	} {
 		err := c.t.Validate()
-		if !errors.Is(err, core.ErrInvalidTable) || !strings.Contains(err.Error(), c.want) {
+		if !errors.Is(err, sqlxbroker.ErrInvalidTable) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want ErrInvalidTable naming %q", c.t, err, c.want)
 		}
 	}

@@ -24,7 +24,7 @@ import (
 // The NULL attempt is checked where the attempt column takes NULL: the
 // suite's table drops NOT NULL from the dialect's DDL for it (the DDL the
 // library recommends refuses NULL attempts).
-func BrokenRows(t TB, tg *Target, f core.Form) {
+func BrokenRows(t TB, tg *Target, f sqlxbroker.Form) {
 	b := tg.broker(t)
 	db := b.DB()
 	tb := tg.nullableAttempt(t, db, f)
@@ -54,13 +54,13 @@ func BrokenRows(t TB, tg *Target, f core.Form) {
 	set("zero", attempt+" = ?", 0)
 	set("negative", attempt+" = ?", -7)
 	want := map[string]bool{"null": true, "zero": true, "negative": true, "dangling": true, "live": true, "nokey1": true, "nokey2": true}
-	if f == core.Lease {
+	if f == sqlxbroker.Lease {
 		now := core.Now()
 		set("dangling", p.QLockedUntil+" = ?", p.Time(now.Add(10*tb.LeaseDuration())))
 		set("live", p.QLockedUntil+" = ?", p.Time(now.Add(tb.LeaseDuration())))
 		want["live"] = false
 	}
-	if f == core.Advisory {
+	if f == sqlxbroker.Advisory {
 		set("nokey1", tg.Dialect.QuoteIdent("acct")+" = NULL")
 		set("nokey2", tg.Dialect.QuoteIdent("acct")+" = NULL")
 		want["nokey2"] = false // its key (the empty one) is held by nokey1
@@ -72,7 +72,7 @@ func BrokenRows(t TB, tg *Target, f core.Form) {
 	for _, c := range cs {
 		body := bodyOf(c)
 		got[body] = c
-		if a := c.Delivery().Attempt(); a != 1 {
+		if a := sqlxbroker.NewDelivery(c).Attempt(); a != 1 {
 			t.Errorf("row %q reports attempt %d, want 1", body, a)
 		}
 	}
@@ -84,14 +84,14 @@ func BrokenRows(t TB, tg *Target, f core.Form) {
 			t.Errorf("row %q was claimed, want it held", body)
 		}
 	}
-	if f == core.Advisory {
-		if c, ok := got["nokey1"]; ok && c.Delivery().Key() != "acct-" {
-			t.Errorf("a NULL key column renders key %q, want \"acct-\"", c.Delivery().Key())
+	if f == sqlxbroker.Advisory {
+		if c, ok := got["nokey1"]; ok && sqlxbroker.NewDelivery(c).Key() != "acct-" {
+			t.Errorf("a NULL key column renders key %q, want \"acct-\"", sqlxbroker.NewDelivery(c).Key())
 		}
 	}
 	// A failed delivery repairs the column: the next one reads 2.
 	for body, c := range got {
-		complete(t, c, core.Retry)
+		complete(t, c, sqlxbroker.Retry)
 		if n := count(t, db, tg.Dialect, tb.Name, attempt+" = 2 AND "+tg.Dialect.QuoteIdent("body")+" = ?", body); n != 1 {
 			t.Errorf("after row %q failed its attempt column is not 2", body)
 		}
@@ -116,10 +116,10 @@ func BrokenRows(t TB, tg *Target, f core.Form) {
 			if !want[body] {
 				wantAttempt = 1
 			}
-			if a := c.Delivery().Attempt(); a != wantAttempt {
+			if a := sqlxbroker.NewDelivery(c).Attempt(); a != wantAttempt {
 				t.Errorf("row %q reports attempt %d on its next delivery, want %d", body, a, wantAttempt)
 			}
-			complete(t, c, core.Succeeded)
+			complete(t, c, sqlxbroker.Succeeded)
 			delete(left, body)
 		}
 		return len(left) == 0
@@ -130,7 +130,7 @@ func BrokenRows(t TB, tg *Target, f core.Form) {
 // column that takes NULL: the dialect's DDL with its first
 // " NOT NULL DEFAULT 1" made " DEFAULT 1". A Target with its own
 // CreateTable, or DDL written otherwise, keeps the column as it is.
-func (tg *Target) nullableAttempt(t TB, db *sqlx.DB, f core.Form) core.Table {
+func (tg *Target) nullableAttempt(t TB, db *sqlx.DB, f sqlxbroker.Form) sqlxbroker.Table {
 	t.Helper()
 	if tg.CreateTable != nil {
 		return tg.fresh(t, db, f, nil)
@@ -156,7 +156,7 @@ func (tg *Target) nullableAttempt(t TB, db *sqlx.DB, f core.Form) core.Table {
 // bodyOf reads a claimed row's body column (its key column may be NULL,
 // which msg cannot scan).
 func bodyOf(c core.Claim) string {
-	v, _ := c.Delivery().Value("body")
+	v, _ := sqlxbroker.NewDelivery(c).Value("body")
 	switch b := v.(type) {
 	case []byte:
 		return string(b)

@@ -13,7 +13,7 @@
 // What the suite checks comes from the dialect's capabilities
 // (core.CapabilitiesOf), never from its name: every form the dialect offers
 // runs every scenario that applies to it, and every form it does not offer
-// must fail with core.ErrFormUnavailable. The crash scenario re-runs the
+// must fail with sqlxbroker.ErrFormUnavailable. The crash scenario re-runs the
 // test binary (os.Args[0]) as a child process with SQLXBROKER_CONFORMANCE_CHILD
 // set, so Run must be reached the same way in the child: call it from a
 // top-level Test function as above.
@@ -35,6 +35,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -64,14 +65,14 @@ type Target struct {
 	Open func(t TB) *sqlx.DB
 	// CreateTable, when set, creates tables instead of the dialect's
 	// TableCreator; it must create what broker.TableDDL would.
-	CreateTable func(t TB, db *sqlx.DB, table core.Table, payload [][2]string)
+	CreateTable func(t TB, db *sqlx.DB, table sqlxbroker.Table, payload [][2]string)
 	// Short scales volumes down (testing.Short() does too).
 	Short bool
 	// OldServer, when set, opens a server older than some form needs, and
 	// OldServerRefuses lists the forms it must refuse with ErrServerTooOld
 	// (the other offered forms must work on it).
 	OldServer        func(t TB) *sqlx.DB
-	OldServerRefuses []core.Form
+	OldServerRefuses []sqlxbroker.Form
 	// ChildArgs are the arguments the crash scenario re-runs os.Args[0]
 	// with; nil re-runs the current top-level Go test.
 	ChildArgs []string
@@ -80,11 +81,11 @@ type Target struct {
 	// the server refuses with ErrServerTooOld, and checks the refusal
 	// through OldServer). A form the dialect does not offer is checked
 	// for ErrFormUnavailable whether listed or not. Nil runs every form.
-	Forms []core.Form
+	Forms []sqlxbroker.Form
 }
 
 // runs reports whether the suite runs form f's scenarios.
-func (tg *Target) runs(f core.Form) bool {
+func (tg *Target) runs(f sqlxbroker.Form) bool {
 	if tg.Forms == nil {
 		return true
 	}
@@ -100,15 +101,15 @@ func (tg *Target) runs(f core.Form) bool {
 type Scenario struct {
 	Name string
 	// Applies reports whether the scenario checks form f of dialect d.
-	Applies func(d core.Dialect, f core.Form) bool
-	Run     func(t TB, tg *Target, f core.Form)
+	Applies func(d core.Dialect, f sqlxbroker.Form) bool
+	Run     func(t TB, tg *Target, f sqlxbroker.Form)
 }
 
 // Scenarios lists the suite, in the order Run runs it.
 func Scenarios() []Scenario {
-	all := func(core.Dialect, core.Form) bool { return true }
-	only := func(forms ...core.Form) func(core.Dialect, core.Form) bool {
-		return func(_ core.Dialect, f core.Form) bool {
+	all := func(core.Dialect, sqlxbroker.Form) bool { return true }
+	only := func(forms ...sqlxbroker.Form) func(core.Dialect, sqlxbroker.Form) bool {
+		return func(_ core.Dialect, f sqlxbroker.Form) bool {
 			for _, g := range forms {
 				if f == g {
 					return true
@@ -117,7 +118,7 @@ func Scenarios() []Scenario {
 			return false
 		}
 	}
-	fifo := func(d core.Dialect, f core.Form) bool {
+	fifo := func(d core.Dialect, f sqlxbroker.Form) bool {
 		return core.CapabilitiesOf(d).GroupGuard != nil || d.Features().SingleWriter
 	}
 	return []Scenario{
@@ -125,21 +126,21 @@ func Scenarios() []Scenario {
 		{"SkipLocked", all, SkipLocked},
 		{"CrashRecovery", all, CrashRecovery},
 		{"Attempts", all, Attempts},
-		{"LeaseLoss", only(core.Lease), LeaseLoss},
-		{"Renewal", only(core.Lease), Renewal},
+		{"LeaseLoss", only(sqlxbroker.Lease), LeaseLoss},
+		{"Renewal", only(sqlxbroker.Lease), Renewal},
 		{"FIFO", fifo, FIFO},
-		{"AdvisoryKeys", only(core.Advisory), AdvisoryKeys},
-		{"AdvisoryBatch", func(d core.Dialect, f core.Form) bool {
-			return f == core.Advisory && core.CapabilitiesOf(d).AdvisoryBatcher != nil
+		{"AdvisoryKeys", only(sqlxbroker.Advisory), AdvisoryKeys},
+		{"AdvisoryBatch", func(d core.Dialect, f sqlxbroker.Form) bool {
+			return f == sqlxbroker.Advisory && core.CapabilitiesOf(d).AdvisoryBatcher != nil
 		}, AdvisoryBatch},
-		{"LockWaitLimit", func(d core.Dialect, f core.Form) bool {
-			return f == core.Advisory && core.CapabilitiesOf(d).LockWaitLimiter != nil
+		{"LockWaitLimit", func(d core.Dialect, f sqlxbroker.Form) bool {
+			return f == sqlxbroker.Advisory && core.CapabilitiesOf(d).LockWaitLimiter != nil
 		}, LockWaitLimit},
 		{"Outcomes", all, Outcomes},
 		{"PublishFields", all, PublishFields},
 		{"BrokenRows", all, BrokenRows},
-		{"HandlerTx", only(core.RowLock), HandlerTx},
-		{"TxAfterCompletion", only(core.RowLock), TxAfterCompletion},
+		{"HandlerTx", only(sqlxbroker.RowLock), HandlerTx},
+		{"TxAfterCompletion", only(sqlxbroker.RowLock), TxAfterCompletion},
 		{"BadDescriptions", all, BadDescriptions},
 		{"HostileKeys", all, HostileKeys},
 		{"HostileIdentifiers", all, HostileIdentifiers},
@@ -183,28 +184,28 @@ var suitePayload = [][2]string{{"acct", "text"}, {"grp", "text"}, {"body", "text
 
 // fresh returns a new table description for form f with the suite's
 // columns, creates the table, and drops it when the test ends.
-func (tg *Target) fresh(t TB, db *sqlx.DB, f core.Form, edit func(*core.Table)) core.Table {
+func (tg *Target) fresh(t TB, db *sqlx.DB, f sqlxbroker.Form, edit func(*sqlxbroker.Table)) sqlxbroker.Table {
 	t.Helper()
 	return tg.freshWith(t, db, f, edit, suitePayload)
 }
 
 // suiteTable returns a description of a freshly named table of the suite
 // for form f (a 2 s lease; the key "acct-{acct}"), not yet created.
-func suiteTable(f core.Form) core.Table {
+func suiteTable(f sqlxbroker.Form) sqlxbroker.Table {
 	var rnd [4]byte
 	_, _ = rand.Read(rnd[:])
-	tb := core.Table{Name: "cf_" + hex.EncodeToString(rnd[:]), ReadyAt: "ready_at", DeadAt: "dead_at"}
+	tb := sqlxbroker.Table{Name: "cf_" + hex.EncodeToString(rnd[:]), ReadyAt: "ready_at", DeadAt: "dead_at"}
 	switch f {
-	case core.Lease:
+	case sqlxbroker.Lease:
 		tb.LockedUntil, tb.Lease = "locked_until", 2*time.Second
-	case core.Advisory:
+	case sqlxbroker.Advisory:
 		tb.AdvisoryLock = "acct-{acct}"
 	}
 	return tb
 }
 
 // freshWith is fresh with other payload columns.
-func (tg *Target) freshWith(t TB, db *sqlx.DB, f core.Form, edit func(*core.Table), payload [][2]string) core.Table {
+func (tg *Target) freshWith(t TB, db *sqlx.DB, f sqlxbroker.Form, edit func(*sqlxbroker.Table), payload [][2]string) sqlxbroker.Table {
 	t.Helper()
 	tb := suiteTable(f)
 	if edit != nil {
@@ -231,7 +232,7 @@ type msg struct {
 	Body string `db:"body"`
 }
 
-func publish(t TB, b *sqlxbroker.Broker, tb core.Table, msgs ...msg) {
+func publish(t TB, b *sqlxbroker.Broker, tb sqlxbroker.Table, msgs ...msg) {
 	t.Helper()
 	all := make([]any, len(msgs))
 	for i := range msgs {
@@ -279,7 +280,7 @@ func count(t TB, db *sqlx.DB, d core.Dialect, table, where string, args ...any) 
 
 // StartForm returns b's claim form for tb, started and closed when the test
 // ends, for driving claims by hand.
-func StartForm(t TB, b *sqlxbroker.Broker, tb core.Table) core.ClaimForm {
+func StartForm(t TB, b *sqlxbroker.Broker, tb sqlxbroker.Table) core.ClaimForm {
 	t.Helper()
 	return form(t, b, tb)
 }
@@ -287,13 +288,13 @@ func StartForm(t TB, b *sqlxbroker.Broker, tb core.Table) core.ClaimForm {
 func start(t TB, f core.ClaimForm) core.ClaimForm {
 	t.Helper()
 	if err := f.Start(context.Background()); err != nil {
-		t.Fatalf("start %s form: %v", f.Form(), err)
+		t.Fatalf("start the form: %v", err)
 	}
 	t.Cleanup(func() { f.Close() })
 	return f
 }
 
-func form(t TB, b *sqlxbroker.Broker, tb core.Table) core.ClaimForm {
+func form(t TB, b *sqlxbroker.Broker, tb sqlxbroker.Table) core.ClaimForm {
 	t.Helper()
 	f, err := b.Form(tb)
 	if err != nil {
@@ -311,9 +312,9 @@ func claim(t TB, f core.ClaimForm, n int) []core.Claim {
 	return cs
 }
 
-func complete(t TB, c core.Claim, k core.OutcomeKind) {
+func complete(t TB, c core.Claim, k sqlxbroker.OutcomeKind) {
 	t.Helper()
-	if err := c.Complete(context.Background(), core.Outcome{Kind: k}); err != nil {
+	if err := Complete(context.Background(), c, sqlxbroker.Outcome{Kind: k}); err != nil {
 		t.Fatalf("complete %s: %v", k, err)
 	}
 }
@@ -321,12 +322,12 @@ func complete(t TB, c core.Claim, k core.OutcomeKind) {
 func ids(cs []core.Claim) []string {
 	out := make([]string, len(cs))
 	for i, c := range cs {
-		out[i] = fmt.Sprint(c.Delivery().ID())
+		out[i] = fmt.Sprint(sqlxbroker.NewDelivery(c).ID())
 	}
 	return out
 }
 
-func idOf(c core.Claim) string { return fmt.Sprint(c.Delivery().ID()) }
+func idOf(c core.Claim) string { return fmt.Sprint(sqlxbroker.NewDelivery(c).ID()) }
 
 func volume(tg *Target, full, short int) int {
 	if tg.Short {
@@ -348,4 +349,28 @@ func DSNTarget(d core.Dialect, driver, dsn string) Target {
 		t.Cleanup(func() { db.Close() })
 		return db
 	}}
+}
+
+// Complete records o for a claim made by hand and waits for the form's
+// answer: nil, ErrLeaseLost, or the statement's error.
+func Complete(ctx context.Context, c core.Claim, o sqlxbroker.Outcome) error {
+	defer lostChans.Delete(c)
+	done := make(chan error, 1)
+	c.Complete(ctx, o, func(err error) { done <- err })
+	return <-done
+}
+
+var lostChans sync.Map // core.Claim -> chan struct{}
+
+// Lost returns a channel closed once the form's hold on c is lost (the
+// form's OnLost), for claims made by hand. A claim gets one such channel,
+// whoever asks.
+func Lost(c core.Claim) <-chan struct{} {
+	ch := make(chan struct{})
+	if old, loaded := lostChans.LoadOrStore(c, ch); loaded {
+		return old.(chan struct{})
+	}
+	var once sync.Once
+	c.OnLost(func() { once.Do(func() { close(ch) }) })
+	return ch
 }

@@ -32,7 +32,7 @@ func childMode(t *testing.T, tg *Target) bool {
 
 func runChild(t TB, tg *Target) {
 	spec := os.Getenv(childEnv)
-	var tb core.Table
+	var tb sqlxbroker.Table
 	if err := json.Unmarshal([]byte(spec), &tb); err != nil {
 		fmt.Printf("ERROR bad %s: %v\n", childEnv, err)
 		os.Exit(3)
@@ -50,7 +50,7 @@ func runChild(t TB, tg *Target) {
 		fmt.Printf("ERROR claim: %v (%d rows)\n", err, len(cs))
 		os.Exit(3)
 	}
-	fmt.Printf("CLAIMED %v\n", cs[0].Delivery().ID())
+	fmt.Printf("CLAIMED %v\n", sqlxbroker.NewDelivery(cs[0]).ID())
 	select {} // the handler "runs" until the parent kills the process
 }
 
@@ -58,7 +58,7 @@ func runChild(t TB, tg *Target) {
 // parent kills it with SIGKILL. Row-lock and advisory rows come back at
 // once (row lock with the attempt uncounted, advisory with it counted);
 // lease rows come back after the lease, attempt counted.
-func CrashRecovery(t TB, tg *Target, f core.Form) {
+func CrashRecovery(t TB, tg *Target, f sqlxbroker.Form) {
 	b := tg.broker(t)
 	tb := tg.fresh(t, b.DB(), f, nil)
 	publish(t, b, tb, msg{Acct: "crash"})
@@ -109,29 +109,29 @@ func CrashRecovery(t TB, tg *Target, f core.Form) {
 	killed := time.Now()
 
 	fm := form(t, b, tb)
-	want := map[core.Form]int{core.RowLock: 1, core.Lease: 2, core.Advisory: 2}[f]
-	if f == core.Lease {
+	want := map[sqlxbroker.Form]int{sqlxbroker.RowLock: 1, sqlxbroker.Lease: 2, sqlxbroker.Advisory: 2}[f]
+	if f == sqlxbroker.Lease {
 		if cs := claim(t, fm, 1); len(cs) != 0 {
 			t.Fatalf("a crashed delivery's lease was claimed before it ran out")
 		}
 	}
 	var cs []core.Claim
 	wait := 10 * time.Second
-	if f == core.Lease {
+	if f == sqlxbroker.Lease {
 		wait += tb.LeaseDuration()
 	}
 	WaitFor(t, wait, "the crashed delivery's row to come back", func() bool {
 		cs = claim(t, fm, 1)
 		return len(cs) == 1
 	})
-	if f != core.Lease && time.Since(killed) > 5*time.Second {
+	if f != sqlxbroker.Lease && time.Since(killed) > 5*time.Second {
 		t.Errorf("the %s row came back %v after the crash, want at once", f, time.Since(killed))
 	}
-	if a := cs[0].Delivery().Attempt(); a != want {
+	if a := sqlxbroker.NewDelivery(cs[0]).Attempt(); a != want {
 		t.Errorf("after the crash the %s row reports attempt %d, want %d", f, a, want)
 	}
 	if got := strings.TrimPrefix(line, "CLAIMED "); got != idOf(cs[0]) {
 		t.Errorf("recovered row %s, the child held %s", idOf(cs[0]), got)
 	}
-	complete(t, cs[0], core.Succeeded)
+	complete(t, cs[0], sqlxbroker.Succeeded)
 }

@@ -43,13 +43,13 @@ WHERE %[4]s IN (SELECT %[5]s.%[4]s FROM %[1]s %[5]s WHERE %[6]s ORDER BY %[7]s L
 // CreateTable lets the suite make its tables.
 func (d leaseOnly) CreateTable(p *core.DDLParams) ([]string, error) {
 	cols := []string{`"id" INTEGER PRIMARY KEY`, `"attempt" INTEGER NOT NULL DEFAULT 1`}
-	for _, c := range []string{p.Plan.Table.LockedUntil, p.Plan.Table.ReadyAt, p.Plan.Table.DeadAt, p.Plan.Table.DoneAt, p.Plan.Table.Group} {
+	for _, c := range []string{p.Plan.LockedUntil, p.Plan.ReadyAt, p.Plan.DeadAt, p.Plan.DoneAt, p.Plan.Group} {
 		if c != "" {
 			cols = append(cols, d.QuoteIdent(c)+" TEXT")
 		}
 	}
 	for _, c := range p.Payload {
-		if c[0] != p.Plan.Table.Group {
+		if c[0] != p.Plan.Group {
 			cols = append(cols, d.QuoteIdent(c[0])+" TEXT")
 		}
 	}

@@ -96,13 +96,13 @@ func hostileCases(canary string) []hostileCase {
 // leave the database intact. In the advisory form (template hostileTemplate, itself full of
 // quotes) rows with equal keys run one at a time, across brokers, while
 // every distinct key runs at once.
-func HostileKeys(t TB, tg *Target, f core.Form) {
+func HostileKeys(t TB, tg *Target, f sqlxbroker.Form) {
 	b1, b2 := tg.broker(t), tg.broker(t)
 	canary := tg.fresh(t, b1.DB(), f, nil)
 	publish(t, b1, canary, msg{Acct: "canary", Body: "canary"})
-	tb := tg.freshWith(t, b1.DB(), f, func(x *core.Table) {
+	tb := tg.freshWith(t, b1.DB(), f, func(x *sqlxbroker.Table) {
 		x.Lease = 0 // the default 30 s: nothing here waits for a lease to run out
-		if f == core.Advisory {
+		if f == sqlxbroker.Advisory {
 			x.AdvisoryLock = hostileTemplate
 		}
 	}, hostilePayload)
@@ -113,7 +113,7 @@ func HostileKeys(t TB, tg *Target, f core.Form) {
 		rows = append(rows, c.a)
 		want[c.a.Body] = c.a
 	}
-	if f == core.Advisory {
+	if f == sqlxbroker.Advisory {
 		// The second row of each key; the other forms hold rows, not
 		// keys, and need one row per case.
 		for _, c := range cases {
@@ -132,7 +132,7 @@ func HostileKeys(t TB, tg *Target, f core.Form) {
 	// with that body, under its key in the advisory form.
 	check := func(c core.Claim, attempt int) string {
 		t.Helper()
-		d := c.Delivery()
+		d := sqlxbroker.NewDelivery(c)
 		var got hostileRow
 		if err := d.Scan(&got); err != nil {
 			t.Fatalf("scan a hostile row: %v", err)
@@ -144,7 +144,7 @@ func HostileKeys(t TB, tg *Target, f core.Form) {
 		case got.Acct != w.Acct || !bytes.Equal(got.KB, w.KB):
 			t.Errorf("row %q came back as acct %q kb %q, published acct %q kb %q", got.Body, got.Acct, got.KB, w.Acct, w.KB)
 		}
-		if f == core.Advisory && d.Key() != keyOf[got.Body] {
+		if f == sqlxbroker.Advisory && d.Key() != keyOf[got.Body] {
 			t.Errorf("row %q delivered under key %q, want %q", got.Body, d.Key(), keyOf[got.Body])
 		}
 		if d.Attempt() != attempt {
@@ -156,7 +156,7 @@ func HostileKeys(t TB, tg *Target, f core.Form) {
 	holder := form(t, b1, tb)
 	other := form(t, b2, tb)
 	held := claim(t, holder, 2*len(cases))
-	if f == core.Advisory {
+	if f == sqlxbroker.Advisory {
 		// One row per key, every key at once: a key that collided with
 		// another would have been skipped.
 		got := map[string]bool{}
@@ -182,15 +182,15 @@ func HostileKeys(t TB, tg *Target, f core.Form) {
 	if got := claim(t, other, 2*len(cases)); len(got) != 0 {
 		t.Errorf("another broker claimed %d rows while every row or key was held: %v", len(got), ids(got))
 		for _, c := range got {
-			complete(t, c, core.Released)
+			complete(t, c, sqlxbroker.Released)
 		}
 	}
 
-	if f == core.Advisory {
+	if f == sqlxbroker.Advisory {
 		// Hand each key over: once its first row completes, the other
 		// broker gets its second row and nothing else.
 		for i, c := range held {
-			complete(t, c, core.Succeeded)
+			complete(t, c, sqlxbroker.Succeeded)
 			if i >= len(cases) {
 				continue
 			}
@@ -206,7 +206,7 @@ func HostileKeys(t TB, tg *Target, f core.Form) {
 				if body := check(n, 1); body != cases[i].b.Body {
 					t.Errorf("key %q (%s) freed: claimed %q, want %q", cases[i].key(), cases[i].name, body, cases[i].b.Body)
 				}
-				complete(t, n, core.Succeeded)
+				complete(t, n, sqlxbroker.Succeeded)
 			}
 		}
 	} else {
@@ -215,13 +215,13 @@ func HostileKeys(t TB, tg *Target, f core.Form) {
 		retried := map[string]bool{}
 		for i, c := range held {
 			if i%2 == 0 {
-				complete(t, c, core.Succeeded)
+				complete(t, c, sqlxbroker.Succeeded)
 				continue
 			}
 			var r hostileRow
-			_ = c.Delivery().Scan(&r)
+			_ = sqlxbroker.NewDelivery(c).Scan(&r)
 			retried[r.Body] = true
-			complete(t, c, core.Retry)
+			complete(t, c, sqlxbroker.Retry)
 		}
 		again := claim(t, other, 2*len(cases))
 		if len(again) != len(retried) {
@@ -231,7 +231,7 @@ func HostileKeys(t TB, tg *Target, f core.Form) {
 			if body := check(c, 2); !retried[body] {
 				t.Errorf("row %q came back after it succeeded", body)
 			}
-			complete(t, c, core.Succeeded)
+			complete(t, c, sqlxbroker.Succeeded)
 		}
 	}
 	if n := count(t, b1.DB(), tg.Dialect, tb.Name, ""); n != 0 {
@@ -294,11 +294,11 @@ func (c noSQL) Open(string) (driver.Conn, error)             { c.asked.Add(1); r
 
 // HostileIdentifiers: a description with a hostile identifier in any
 // field (the table, a column, a key template's column) is refused by
-// Subscribe, Form, Publish and CreateTable with a *core.TableError that
+// Subscribe, Form, Publish and CreateTable with a *sqlxbroker.TableError that
 // matches ErrInvalidTable and names the field, before any SQL is sent
 // (a broker whose pool cannot connect gets the same refusal, and was never
 // asked for a connection), and the live table does not change.
-func HostileIdentifiers(t TB, tg *Target, f core.Form) {
+func HostileIdentifiers(t TB, tg *Target, f sqlxbroker.Form) {
 	b := tg.broker(t)
 	tb := tg.fresh(t, b.DB(), f, nil)
 	publish(t, b, tb, msg{Acct: "a", Body: "intact"})
@@ -310,23 +310,23 @@ func HostileIdentifiers(t TB, tg *Target, f core.Form) {
 
 	type edit struct {
 		field string
-		set   func(x *core.Table, v string)
+		set   func(x *sqlxbroker.Table, v string)
 	}
 	idents := hostileIdents(tb.Name)
 	fields := []edit{
-		{"Name", func(x *core.Table, v string) { x.Name = v }},
-		{"ID", func(x *core.Table, v string) { x.ID = v }},
-		{"Attempt", func(x *core.Table, v string) { x.Attempt = v }},
-		{"Order", func(x *core.Table, v string) { x.Order = v }},
-		{"LockedUntil", func(x *core.Table, v string) { x.LockedUntil = v }},
-		{"Group", func(x *core.Table, v string) { x.Group = v }},
-		{"ReadyAt", func(x *core.Table, v string) { x.ReadyAt = v }},
-		{"DeadAt", func(x *core.Table, v string) { x.DeadAt = v }},
-		{"DoneAt", func(x *core.Table, v string) { x.DoneAt = v }},
+		{"Name", func(x *sqlxbroker.Table, v string) { x.Name = v }},
+		{"ID", func(x *sqlxbroker.Table, v string) { x.ID = v }},
+		{"Attempt", func(x *sqlxbroker.Table, v string) { x.Attempt = v }},
+		{"Order", func(x *sqlxbroker.Table, v string) { x.Order = v }},
+		{"LockedUntil", func(x *sqlxbroker.Table, v string) { x.LockedUntil = v }},
+		{"Group", func(x *sqlxbroker.Table, v string) { x.Group = v }},
+		{"ReadyAt", func(x *sqlxbroker.Table, v string) { x.ReadyAt = v }},
+		{"DeadAt", func(x *sqlxbroker.Table, v string) { x.DeadAt = v }},
+		{"DoneAt", func(x *sqlxbroker.Table, v string) { x.DoneAt = v }},
 	}
 	type attempt struct {
 		field, value string
-		table        core.Table
+		table        sqlxbroker.Table
 	}
 	var attempts []attempt
 	for _, e := range fields {
@@ -348,29 +348,29 @@ func HostileIdentifiers(t TB, tg *Target, f core.Form) {
 		attempts = append(attempts, attempt{"Name", v, x})
 	}
 
-	h := func(context.Context, *core.Delivery) error { return nil }
+	h := func(context.Context, *sqlxbroker.Delivery) error { return nil }
 	calls := []struct {
 		name string
-		call func(br *sqlxbroker.Broker, x core.Table) error
+		call func(br *sqlxbroker.Broker, x sqlxbroker.Table) error
 	}{
-		{"Subscribe", func(br *sqlxbroker.Broker, x core.Table) error {
+		{"Subscribe", func(br *sqlxbroker.Broker, x sqlxbroker.Table) error {
 			s, err := br.Subscribe(context.Background(), x, h, quick)
 			if s != nil {
 				_ = s.Stop(context.Background())
 			}
 			return err
 		}},
-		{"Form", func(br *sqlxbroker.Broker, x core.Table) error {
+		{"Form", func(br *sqlxbroker.Broker, x sqlxbroker.Table) error {
 			fm, err := br.Form(x)
 			if fm != nil {
 				fm.Close()
 			}
 			return err
 		}},
-		{"Publish", func(br *sqlxbroker.Broker, x core.Table) error {
+		{"Publish", func(br *sqlxbroker.Broker, x sqlxbroker.Table) error {
 			return br.Publish(context.Background(), br.DB(), x, msg{Acct: "b", Body: "injected"})
 		}},
-		{"CreateTable", func(br *sqlxbroker.Broker, x core.Table) error {
+		{"CreateTable", func(br *sqlxbroker.Broker, x sqlxbroker.Table) error {
 			return br.CreateTable(context.Background(), x, suitePayload...)
 		}},
 	}
@@ -382,12 +382,12 @@ func HostileIdentifiers(t TB, tg *Target, f core.Form) {
 			}
 			for _, c := range calls {
 				err := c.call(br, a.table)
-				var te *core.TableError
+				var te *sqlxbroker.TableError
 				switch {
 				case err == nil:
 					t.Errorf("%s %s with %s %q: accepted", where, c.name, a.field, a.value)
-				case !errors.As(err, &te) || !errors.Is(err, core.ErrInvalidTable):
-					t.Errorf("%s %s with %s %q: %v, want a *core.TableError (ErrInvalidTable)", where, c.name, a.field, a.value, err)
+				case !errors.As(err, &te) || !errors.Is(err, sqlxbroker.ErrInvalidTable):
+					t.Errorf("%s %s with %s %q: %v, want a *sqlxbroker.TableError (ErrInvalidTable)", where, c.name, a.field, a.value, err)
 				case te.Field != a.field:
 					t.Errorf("%s %s with %s %q: the error names %s: %v", where, c.name, a.field, a.value, te.Field, err)
 				case errors.Is(err, errNoSQL):

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sqlxbroker/sqlxbroker/core"
+	"github.com/sqlxbroker/sqlxbroker"
 )
 
 // valuerRow is a message whose payload fields are driver.Valuers.
@@ -27,7 +27,7 @@ var valuerPayload = [][2]string{{"acct", "text"}, {"name", "text"}, {"n", "bigin
 // valid and null, are stored exactly, as read back with plain SQL; a
 // message with a field that cannot be one column fails with an error that
 // names the field, and nothing of the call is inserted.
-func PublishFields(t TB, tg *Target, f core.Form) {
+func PublishFields(t TB, tg *Target, f sqlxbroker.Form) {
 	b := tg.broker(t)
 	tb := tg.freshWith(t, b.DB(), f, nil, valuerPayload)
 	at := time.Date(2026, 12, 3, 14, 5, 6, 789012000, time.UTC)

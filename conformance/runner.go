@@ -8,12 +8,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/core"
 )
 
 // Result is one scenario's outcome outside a Go test.
 type Result struct {
-	Form     core.Form
+	Form     sqlxbroker.Form
 	Scenario string
 	Status   string // "pass", "fail" or "skip"
 	Took     time.Duration
@@ -27,7 +28,7 @@ type Result struct {
 func RunAll(tg Target, progress func(r Result, done bool)) []Result {
 	caps := core.CapabilitiesOf(tg.Dialect)
 	var out []Result
-	run := func(f core.Form, name string, fn func(t TB)) {
+	run := func(f sqlxbroker.Form, name string, fn func(t TB)) {
 		r := Result{Form: f, Scenario: name}
 		if progress != nil {
 			progress(r, false)

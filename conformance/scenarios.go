@@ -29,7 +29,7 @@ func suiteLogger() *slog.Logger {
 	return slog.New(slog.DiscardHandler)
 }
 
-func subscribe(t TB, b *sqlxbroker.Broker, tb core.Table, h core.Handler, p sqlxbroker.SubscribeParams) *sqlxbroker.Subscription {
+func subscribe(t TB, b *sqlxbroker.Broker, tb sqlxbroker.Table, h sqlxbroker.Handler, p sqlxbroker.SubscribeParams) *sqlxbroker.Subscription {
 	t.Helper()
 	s, err := b.Subscribe(context.Background(), tb, h, p)
 	if err != nil {
@@ -41,11 +41,11 @@ func subscribe(t TB, b *sqlxbroker.Broker, tb core.Table, h core.Handler, p sqlx
 
 // ExactlyOnce: several subscriptions in two brokers drain a table; every row
 // is completed exactly once and none is left.
-func ExactlyOnce(t TB, tg *Target, f core.Form) {
+func ExactlyOnce(t TB, tg *Target, f sqlxbroker.Form) {
 	b1, b2 := tg.broker(t), tg.broker(t)
 	// The default 30 s lease: exactly once holds while leases are kept, and
 	// a busy test machine must not make a renewal miss a 2 s lease.
-	tb := tg.fresh(t, b1.DB(), f, func(tb *core.Table) { tb.Lease = 0 })
+	tb := tg.fresh(t, b1.DB(), f, func(tb *sqlxbroker.Table) { tb.Lease = 0 })
 	n := volume(tg, 5000, 500)
 	msgs := make([]msg, n)
 	for i := range msgs {
@@ -54,7 +54,7 @@ func ExactlyOnce(t TB, tg *Target, f core.Form) {
 	publish(t, b1, tb, msgs...)
 	var mu sync.Mutex
 	seen := map[string]int{}
-	h := func(ctx context.Context, d *core.Delivery) error {
+	h := func(ctx context.Context, d *sqlxbroker.Delivery) error {
 		var m msg
 		if err := d.Scan(&m); err != nil {
 			return err
@@ -99,7 +99,7 @@ func ExactlyOnce(t TB, tg *Target, f core.Form) {
 
 // SkipLocked: while one broker holds a row, another's claim passes over it
 // at once and returns the other rows.
-func SkipLocked(t TB, tg *Target, f core.Form) {
+func SkipLocked(t TB, tg *Target, f sqlxbroker.Form) {
 	b1, b2 := tg.broker(t), tg.broker(t)
 	tb := tg.fresh(t, b1.DB(), f, nil)
 	publish(t, b1, tb, msg{Acct: "a", Body: "held"}, msg{Acct: "b"}, msg{Acct: "c"}, msg{Acct: "d"})
@@ -108,7 +108,7 @@ func SkipLocked(t TB, tg *Target, f core.Form) {
 	if len(held) != 1 {
 		t.Fatalf("holder claimed %d rows, want 1", len(held))
 	}
-	defer complete(t, held[0], core.Released)
+	defer complete(t, held[0], sqlxbroker.Released)
 	other := form(t, b2, tb)
 	// The row-lock and advisory forms take a connection per row: open
 	// them first, so the time measured is the claim's, not the dials'.
@@ -126,7 +126,7 @@ func SkipLocked(t TB, tg *Target, f core.Form) {
 		if idOf(c) == idOf(held[0]) {
 			t.Errorf("claimed row %s that another broker holds", idOf(c))
 		}
-		complete(t, c, core.Succeeded)
+		complete(t, c, sqlxbroker.Succeeded)
 	}
 }
 
@@ -149,7 +149,7 @@ func warm(t TB, db *sqlx.DB, n int) {
 // Attempts: the first delivery reads 1 in every form, a returned row's next
 // delivery reads 2, and the attempt column holds the number the next
 // delivery will report.
-func Attempts(t TB, tg *Target, f core.Form) {
+func Attempts(t TB, tg *Target, f sqlxbroker.Form) {
 	b := tg.broker(t)
 	tb := tg.fresh(t, b.DB(), f, nil)
 	publish(t, b, tb, msg{Acct: "a"})
@@ -159,10 +159,10 @@ func Attempts(t TB, tg *Target, f core.Form) {
 		if len(cs) != 1 {
 			t.Fatalf("delivery %d: claimed %d rows, want 1", want, len(cs))
 		}
-		if got := cs[0].Delivery().Attempt(); got != want {
+		if got := sqlxbroker.NewDelivery(cs[0]).Attempt(); got != want {
 			t.Errorf("delivery %d reports attempt %d", want, got)
 		}
-		complete(t, cs[0], core.Retry)
+		complete(t, cs[0], sqlxbroker.Retry)
 		if got := count(t, b.DB(), tg.Dialect, tb.Name, tg.Dialect.QuoteIdent("attempt")+" = ?", want+1); got != 1 {
 			t.Errorf("after delivery %d failed the attempt column is not %d", want, want+1)
 		}
@@ -171,12 +171,12 @@ func Attempts(t TB, tg *Target, f core.Form) {
 
 // Outcomes: success removes the row, failure returns it, the last allowed
 // attempt moves it to the dead state and keeps it; a dead row is not claimed.
-func Outcomes(t TB, tg *Target, f core.Form) {
+func Outcomes(t TB, tg *Target, f sqlxbroker.Form) {
 	b := tg.broker(t)
-	tb := tg.fresh(t, b.DB(), f, func(tb *core.Table) { tb.MaxAttempts = 2 })
+	tb := tg.fresh(t, b.DB(), f, func(tb *sqlxbroker.Table) { tb.MaxAttempts = 2 })
 	publish(t, b, tb, msg{Acct: "ok", Body: "ok"}, msg{Acct: "bad", Body: "bad"})
 	var calls sync.Map
-	s := subscribe(t, b, tb, func(ctx context.Context, d *core.Delivery) error {
+	s := subscribe(t, b, tb, func(ctx context.Context, d *sqlxbroker.Delivery) error {
 		var m msg
 		if err := d.Scan(&m); err != nil {
 			return err
@@ -217,9 +217,9 @@ func Outcomes(t TB, tg *Target, f core.Form) {
 
 // LeaseLoss: a completion after another claim took the row returns
 // ErrLeaseLost and changes nothing.
-func LeaseLoss(t TB, tg *Target, f core.Form) {
+func LeaseLoss(t TB, tg *Target, f sqlxbroker.Form) {
 	b1, b2 := tg.broker(t), tg.broker(t)
-	tb := tg.fresh(t, b1.DB(), f, func(tb *core.Table) { tb.Lease = time.Second })
+	tb := tg.fresh(t, b1.DB(), f, func(tb *sqlxbroker.Table) { tb.Lease = time.Second })
 	publish(t, b1, tb, msg{Acct: "a"})
 	first := form(t, b1, tb)
 	old := claim(t, first, 1)
@@ -227,13 +227,13 @@ func LeaseLoss(t TB, tg *Target, f core.Form) {
 		t.Fatalf("claimed %d rows, want 1", len(old))
 	}
 	select {
-	case <-old[0].Lost():
+	case <-Lost(old[0]):
 		t.Fatalf("lease reported lost at once")
 	default:
 	}
 	first.Close() // renewals stop: the lease is abandoned
 	select {
-	case <-old[0].Lost():
+	case <-Lost(old[0]):
 	case <-time.After(5 * time.Second):
 		t.Fatalf("an abandoned lease was not reported lost after its deadline")
 	}
@@ -243,26 +243,26 @@ func LeaseLoss(t TB, tg *Target, f core.Form) {
 		again = claim(t, second, 1)
 		return len(again) == 1
 	})
-	if a := again[0].Delivery().Attempt(); a != 2 {
+	if a := sqlxbroker.NewDelivery(again[0]).Attempt(); a != 2 {
 		t.Errorf("redelivery of an abandoned lease reports attempt %d, want 2", a)
 	}
 	before := snapshot(t, tg, b1, tb)
-	for _, k := range []core.OutcomeKind{core.Succeeded, core.Retry, core.Dead} {
-		err := old[0].Complete(context.Background(), core.Outcome{Kind: k})
-		if !errors.Is(err, core.ErrLeaseLost) {
+	for _, k := range []sqlxbroker.OutcomeKind{sqlxbroker.Succeeded, sqlxbroker.Retry, sqlxbroker.Dead} {
+		err := Complete(context.Background(), old[0], sqlxbroker.Outcome{Kind: k})
+		if !errors.Is(err, sqlxbroker.ErrLeaseLost) {
 			t.Errorf("stale %s completion returned %v, want ErrLeaseLost", k, err)
 		}
 		if after := snapshot(t, tg, b1, tb); after != before {
 			t.Errorf("stale %s completion changed the row:\n before %s\n after  %s", k, before, after)
 		}
 	}
-	complete(t, again[0], core.Succeeded)
+	complete(t, again[0], sqlxbroker.Succeeded)
 	if n := count(t, b1.DB(), tg.Dialect, tb.Name, ""); n != 0 {
 		t.Errorf("the current lease holder's completion left the row")
 	}
 }
 
-func snapshot(t TB, tg *Target, b *sqlxbroker.Broker, tb core.Table) string {
+func snapshot(t TB, tg *Target, b *sqlxbroker.Broker, tb sqlxbroker.Table) string {
 	t.Helper()
 	rows, err := b.DB().Queryx("SELECT * FROM " + tg.Dialect.QuoteIdent(tb.Name) + " ORDER BY " + tg.Dialect.QuoteIdent("id"))
 	if err != nil {
@@ -288,12 +288,12 @@ func snapshot(t TB, tg *Target, b *sqlxbroker.Broker, tb core.Table) string {
 
 // Renewal: a handler running three times its lease keeps the row through
 // renewals, nobody else gets it, and it completes normally.
-func Renewal(t TB, tg *Target, f core.Form) {
+func Renewal(t TB, tg *Target, f sqlxbroker.Form) {
 	b1, b2 := tg.broker(t), tg.broker(t)
-	tb := tg.fresh(t, b1.DB(), f, func(tb *core.Table) { tb.Lease = time.Second })
+	tb := tg.fresh(t, b1.DB(), f, func(tb *sqlxbroker.Table) { tb.Lease = time.Second })
 	publish(t, b1, tb, msg{Acct: "a"})
 	var runs atomic.Int32
-	h := func(ctx context.Context, d *core.Delivery) error {
+	h := func(ctx context.Context, d *sqlxbroker.Delivery) error {
 		runs.Add(1)
 		select {
 		case <-time.After(3 * time.Second):
@@ -320,9 +320,9 @@ func Renewal(t TB, tg *Target, f core.Form) {
 
 // FIFO: two brokers on one table deliver each group in order, at most one
 // row of a group in work, while other groups run alongside.
-func FIFO(t TB, tg *Target, f core.Form) {
+func FIFO(t TB, tg *Target, f sqlxbroker.Form) {
 	b1, b2 := tg.broker(t), tg.broker(t)
-	tb := tg.fresh(t, b1.DB(), f, func(tb *core.Table) { tb.Group = "grp" })
+	tb := tg.fresh(t, b1.DB(), f, func(tb *sqlxbroker.Table) { tb.Group = "grp" })
 	const groups = 3
 	per := volume(tg, 40, 15)
 	var msgs []msg
@@ -339,7 +339,7 @@ func FIFO(t TB, tg *Target, f core.Form) {
 	inWork := map[string]int{}
 	var total, peak int
 	var disorder []string
-	h := func(ctx context.Context, d *core.Delivery) error {
+	h := func(ctx context.Context, d *sqlxbroker.Delivery) error {
 		var m msg
 		if err := d.Scan(&m); err != nil {
 			return err
@@ -388,7 +388,7 @@ func FIFO(t TB, tg *Target, f core.Form) {
 
 // AdvisoryKeys: rows with equal keys never run at once, rows with different
 // keys do, and equal keys in two tables wait for each other.
-func AdvisoryKeys(t TB, tg *Target, f core.Form) {
+func AdvisoryKeys(t TB, tg *Target, f sqlxbroker.Form) {
 	b1, b2 := tg.broker(t), tg.broker(t)
 	tb := tg.fresh(t, b1.DB(), f, nil)
 	var msgs []msg
@@ -400,7 +400,7 @@ func AdvisoryKeys(t TB, tg *Target, f core.Form) {
 	inWork := map[string]int{}
 	var total, peak int
 	var overlaps []string
-	h := func(ctx context.Context, d *core.Delivery) error {
+	h := func(ctx context.Context, d *sqlxbroker.Delivery) error {
 		mu.Lock()
 		inWork[d.Key()]++
 		total++
@@ -445,28 +445,28 @@ func AdvisoryKeys(t TB, tg *Target, f core.Form) {
 	if got := claim(t, waiter, 1); len(got) != 0 {
 		t.Errorf("a row of another table with an equal key was claimed while the key was held")
 		for _, c := range got {
-			complete(t, c, core.Released)
+			complete(t, c, sqlxbroker.Released)
 		}
 	}
-	complete(t, held[0], core.Succeeded)
+	complete(t, held[0], sqlxbroker.Succeeded)
 	var got []core.Claim
 	WaitFor(t, 5*time.Second, "the other table's row once the key is free", func() bool {
 		got = claim(t, waiter, 1)
 		return len(got) == 1
 	})
-	complete(t, got[0], core.Succeeded)
+	complete(t, got[0], sqlxbroker.Succeeded)
 }
 
 // HandlerTx: in the row-lock form the handler's writes through Delivery.Tx
 // commit with success and roll back with failure, while the attempt is
 // still counted.
-func HandlerTx(t TB, tg *Target, f core.Form) {
+func HandlerTx(t TB, tg *Target, f sqlxbroker.Form) {
 	b := tg.broker(t)
 	tb := tg.fresh(t, b.DB(), f, nil)
 	side := tg.fresh(t, b.DB(), f, nil) // a second table to write into
 	publish(t, b, tb, msg{Acct: "a", Body: "fail"}, msg{Acct: "b", Body: "ok"})
 	q := tg.Dialect.QuoteIdent
-	s := subscribe(t, b, tb, func(ctx context.Context, d *core.Delivery) error {
+	s := subscribe(t, b, tb, func(ctx context.Context, d *sqlxbroker.Delivery) error {
 		tx, err := d.Tx()
 		if err != nil {
 			return err
@@ -501,7 +501,7 @@ func HandlerTx(t TB, tg *Target, f core.Form) {
 // that now holds another row (a dialect that chains commits, TxChainer,
 // goes on in the same transaction). Once the table is drained the
 // subscription keeps no connection in use while it waits for rows.
-func TxAfterCompletion(t TB, tg *Target, f core.Form) {
+func TxAfterCompletion(t TB, tg *Target, f sqlxbroker.Form) {
 	b := tg.broker(t)
 	tb := tg.fresh(t, b.DB(), f, nil)
 	const rows = 40
@@ -511,11 +511,11 @@ func TxAfterCompletion(t TB, tg *Target, f core.Form) {
 	}
 	publish(t, b, tb, msgs...)
 	var mu sync.Mutex
-	var kept []*core.Delivery
+	var kept []*sqlxbroker.Delivery
 	p := quick
 	p.Concurrency = 4
 	p.Wake = make(chan struct{}) // no listening connection
-	s := subscribe(t, b, tb, func(ctx context.Context, d *core.Delivery) error {
+	s := subscribe(t, b, tb, func(ctx context.Context, d *sqlxbroker.Delivery) error {
 		mu.Lock()
 		kept = append(kept, d)
 		mu.Unlock()
@@ -534,17 +534,17 @@ func TxAfterCompletion(t TB, tg *Target, f core.Form) {
 
 // Unavailable: a form the dialect does not offer fails with
 // ErrFormUnavailable at subscribe time.
-func Unavailable(t TB, tg *Target, f core.Form) {
+func Unavailable(t TB, tg *Target, f sqlxbroker.Form) {
 	b := tg.broker(t)
-	tb := core.Table{Name: "cf_unavailable", DeadAt: "dead_at"}
+	tb := sqlxbroker.Table{Name: "cf_unavailable", DeadAt: "dead_at"}
 	switch f {
-	case core.Lease:
+	case sqlxbroker.Lease:
 		tb.LockedUntil = "locked_until"
-	case core.Advisory:
+	case sqlxbroker.Advisory:
 		tb.AdvisoryLock = "acct-{acct}"
 	}
-	_, err := b.Subscribe(context.Background(), tb, func(context.Context, *core.Delivery) error { return nil }, quick)
-	if !errors.Is(err, core.ErrFormUnavailable) {
+	_, err := b.Subscribe(context.Background(), tb, func(context.Context, *sqlxbroker.Delivery) error { return nil }, quick)
+	if !errors.Is(err, sqlxbroker.ErrFormUnavailable) {
 		t.Fatalf("subscribing to a %s table returned %v, want ErrFormUnavailable", f, err)
 	}
 	if !strings.Contains(err.Error(), f.String()) {
@@ -554,39 +554,39 @@ func Unavailable(t TB, tg *Target, f core.Form) {
 
 // BadDescriptions: each bad table description fails at subscribe time with
 // an error that names the problem, and the table does not change.
-func BadDescriptions(t TB, tg *Target, f core.Form) {
+func BadDescriptions(t TB, tg *Target, f sqlxbroker.Form) {
 	b := tg.broker(t)
 	tb := tg.fresh(t, b.DB(), f, nil)
 	publish(t, b, tb, msg{Acct: "a"})
 	before := snapshot(t, tg, b, tb)
 	cases := []struct {
 		name, want string
-		edit       func(*core.Table)
+		edit       func(*sqlxbroker.Table)
 	}{
-		{"missing column", "no_such", func(x *core.Table) { x.ReadyAt = "no_such" }},
-		{"unknown key column", "nope", func(x *core.Table) { x.LockedUntil, x.Lease, x.AdvisoryLock = "", 0, "k-{nope}" }},
-		{"fractional lease", "1.5s", func(x *core.Table) {
+		{"missing column", "no_such", func(x *sqlxbroker.Table) { x.ReadyAt = "no_such" }},
+		{"unknown key column", "nope", func(x *sqlxbroker.Table) { x.LockedUntil, x.Lease, x.AdvisoryLock = "", 0, "k-{nope}" }},
+		{"fractional lease", "1.5s", func(x *sqlxbroker.Table) {
 			x.AdvisoryLock, x.LockedUntil, x.Lease = "", "locked_until", 1500*time.Millisecond
 		}},
-		{"empty name", "Name", func(x *core.Table) { x.Name = "" }},
-		{"injection", "must match", func(x *core.Table) { x.Name = tb.Name + "; DROP TABLE " + tb.Name + "; --" }},
-		{"injection in key", "must match", func(x *core.Table) { x.LockedUntil, x.Lease, x.AdvisoryLock = "", 0, "k-{acct) OR 1=1 --}" }},
-		{"missing table", "cf_missing", func(x *core.Table) { x.Name = "cf_missing" }},
+		{"empty name", "Name", func(x *sqlxbroker.Table) { x.Name = "" }},
+		{"injection", "must match", func(x *sqlxbroker.Table) { x.Name = tb.Name + "; DROP TABLE " + tb.Name + "; --" }},
+		{"injection in key", "must match", func(x *sqlxbroker.Table) { x.LockedUntil, x.Lease, x.AdvisoryLock = "", 0, "k-{acct) OR 1=1 --}" }},
+		{"missing table", "cf_missing", func(x *sqlxbroker.Table) { x.Name = "cf_missing" }},
 	}
 	caps := core.CapabilitiesOf(tg.Dialect)
 	for _, c := range cases {
-		if strings.Contains(c.name, "key") && !caps.Offers(core.Advisory) || c.name == "fractional lease" && !caps.Offers(core.Lease) {
+		if strings.Contains(c.name, "key") && !caps.Offers(sqlxbroker.Advisory) || c.name == "fractional lease" && !caps.Offers(sqlxbroker.Lease) {
 			continue // the form's own ErrFormUnavailable would answer first
 		}
 		x := tb
 		c.edit(&x)
-		s, err := b.Subscribe(context.Background(), x, func(context.Context, *core.Delivery) error { return nil }, quick)
+		s, err := b.Subscribe(context.Background(), x, func(context.Context, *sqlxbroker.Delivery) error { return nil }, quick)
 		if err == nil {
 			_ = s.Stop(context.Background())
 			t.Errorf("%s: subscribe succeeded", c.name)
 			continue
 		}
-		if !errors.Is(err, core.ErrInvalidTable) && !errors.Is(err, core.ErrFormUnavailable) {
+		if !errors.Is(err, sqlxbroker.ErrInvalidTable) && !errors.Is(err, sqlxbroker.ErrFormUnavailable) {
 			t.Errorf("%s: error %v is not ErrInvalidTable", c.name, err)
 		}
 		if !strings.Contains(err.Error(), c.want) {
@@ -606,13 +606,13 @@ func VersionGate(t TB, tg *Target) {
 	for _, f := range core.FormsOf(tg.Dialect) {
 		b := old.broker(t)
 		tb := old.fresh(t, b.DB(), f, nil)
-		s, err := b.Subscribe(context.Background(), tb, func(context.Context, *core.Delivery) error { return nil }, quick)
+		s, err := b.Subscribe(context.Background(), tb, func(context.Context, *sqlxbroker.Delivery) error { return nil }, quick)
 		refused := false
 		for _, r := range tg.OldServerRefuses {
 			refused = refused || r == f
 		}
 		switch {
-		case refused && !errors.Is(err, core.ErrServerTooOld):
+		case refused && !errors.Is(err, sqlxbroker.ErrServerTooOld):
 			t.Errorf("%s form on the old server: %v, want ErrServerTooOld", f, err)
 		case !refused && err != nil:
 			t.Errorf("%s form on the old server: %v", f, err)
@@ -629,7 +629,7 @@ func VersionGate(t TB, tg *Target) {
 // out. The session stays: the other delivery it holds is not lost and
 // completes, and the blocked row comes back with its attempt counted and
 // completes once.
-func LockWaitLimit(t TB, tg *Target, f core.Form) {
+func LockWaitLimit(t TB, tg *Target, f sqlxbroker.Form) {
 	ctx := context.Background()
 	b := tg.broker(t)
 	tb := tg.fresh(t, b.DB(), f, nil)
@@ -648,30 +648,30 @@ func LockWaitLimit(t TB, tg *Target, f core.Form) {
 	defer func() { _ = tx.Rollback() }()
 	attempt := d.QuoteIdent(tb.AttemptColumn())
 	lock := sqlx.Rebind(d.BindType(), "UPDATE "+d.QuoteIdent(tb.Name)+" SET "+attempt+" = "+attempt+" WHERE "+d.QuoteIdent(tb.IDColumn())+" = ?")
-	if _, err := tx.Exec(lock, cs[0].Delivery().ID()); err != nil {
+	if _, err := tx.Exec(lock, sqlxbroker.NewDelivery(cs[0]).ID()); err != nil {
 		t.Fatalf("lock the row in another transaction: %v", err)
 	}
 	start := time.Now()
-	err = cs[0].Complete(ctx, core.Outcome{Kind: core.Succeeded})
+	err = Complete(ctx, cs[0], sqlxbroker.Outcome{Kind: sqlxbroker.Succeeded})
 	took := time.Since(start)
 	_ = tx.Rollback()
-	if err == nil || errors.Is(err, core.ErrLeaseLost) {
+	if err == nil || errors.Is(err, sqlxbroker.ErrLeaseLost) {
 		t.Errorf("a completion whose row another transaction holds returned %v after %v, want its statement's error", err, took)
 	}
 	if took >= 10*time.Second {
 		t.Errorf("the blocked completion returned after %v: the lock wait was not bounded below the statement time", took)
 	}
 	select {
-	case <-cs[1].Lost():
+	case <-Lost(cs[1]):
 		t.Fatalf("a blocked completion (%v) lost the other delivery of the key session", err)
 	default:
 	}
-	complete(t, cs[1], core.Succeeded)
+	complete(t, cs[1], sqlxbroker.Succeeded)
 	again := claim(t, fm, 2)
-	if len(again) != 1 || again[0].Delivery().Attempt() != 2 {
+	if len(again) != 1 || sqlxbroker.NewDelivery(again[0]).Attempt() != 2 {
 		t.Fatalf("claimed again %d rows, want the blocked one at attempt 2", len(again))
 	}
-	complete(t, again[0], core.Succeeded)
+	complete(t, again[0], sqlxbroker.Succeeded)
 	if n := count(t, b.DB(), d, tb.Name, ""); n != 0 {
 		t.Errorf("%d rows left, want 0", n)
 	}
@@ -681,7 +681,7 @@ func LockWaitLimit(t TB, tg *Target, f core.Form) {
 // on one session answer in the order given, agree with keys tried one by
 // one, hold against another session, and release together; keys of any
 // content work.
-func AdvisoryBatch(t TB, tg *Target, f core.Form) {
+func AdvisoryBatch(t TB, tg *Target, f sqlxbroker.Form) {
 	caps := core.CapabilitiesOf(tg.Dialect)
 	bat, one := caps.AdvisoryBatcher, caps.AdvisoryLocker
 	db := tg.broker(t).DB()

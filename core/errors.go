@@ -1,9 +1,6 @@
 package core
 
-import (
-	"errors"
-	"fmt"
-)
+import "errors"
 
 // Sentinel errors. Every error the library returns for one of these
 // conditions matches the sentinel with errors.Is.
@@ -42,60 +39,3 @@ var (
 	ErrClosed = errors.New("sqlxbroker: closed")
 )
 
-// TableError names the table and the field of the description at fault.
-// It matches ErrInvalidTable.
-type TableError struct {
-	Table  string // table name as given
-	Field  string // field of the description, e.g. "LockedUntil"
-	Reason string
-	Err    error // optional cause
-}
-
-func (e *TableError) Error() string {
-	s := fmt.Sprintf("sqlxbroker: table %q: %s: %s", e.Table, e.Field, e.Reason)
-	if e.Err != nil {
-		s += ": " + e.Err.Error()
-	}
-	return s
-}
-
-// Unwrap returns ErrInvalidTable and the cause.
-func (e *TableError) Unwrap() []error {
-	if e.Err != nil {
-		return []error{ErrInvalidTable, e.Err}
-	}
-	return []error{ErrInvalidTable}
-}
-
-// VersionError reports a server older than a form needs. It matches
-// ErrServerTooOld.
-type VersionError struct {
-	Server string // e.g. "PostgreSQL", "MariaDB"
-	Found  string // the version the server reported
-	Need   string // the lowest version that works
-	Form   Form
-	Reason string // what the newer version brings
-}
-
-func (e *VersionError) Error() string {
-	return fmt.Sprintf("sqlxbroker: %s %s is too old for the %s form: need %s or newer (%s)",
-		e.Server, e.Found, e.Form, e.Need, e.Reason)
-}
-
-// Unwrap returns ErrServerTooOld.
-func (e *VersionError) Unwrap() error { return ErrServerTooOld }
-
-// FormError reports a claim form the dialect cannot offer. It matches
-// ErrFormUnavailable.
-type FormError struct {
-	Dialect string
-	Form    Form
-	Reason  string
-}
-
-func (e *FormError) Error() string {
-	return fmt.Sprintf("sqlxbroker: dialect %s cannot offer the %s form: %s", e.Dialect, e.Form, e.Reason)
-}
-
-// Unwrap returns ErrFormUnavailable.
-func (e *FormError) Unwrap() error { return ErrFormUnavailable }

@@ -3,6 +3,8 @@ package core
 import (
 	"context"
 	"time"
+
+	"github.com/jmoiron/sqlx"
 )
 
 // OutcomeKind says what a completion does to a row.
@@ -44,68 +46,66 @@ type Outcome struct {
 	Err     error     // the handler's error, for Retry and Dead
 }
 
+// Row is a claimed row as a form hands it to the engine, which builds the
+// handler's delivery from it.
+type Row struct {
+	ID      any    // the primary key as the driver returned it
+	Attempt int    // the attempt as it stood before the claim: 1 for a new row
+	Key     string // the advisory key held for it; "" in other forms
+	// Columns and Values are every column of the row, as the driver
+	// returned them; the attempt column holds Attempt.
+	Columns []string
+	Values  []any
+}
+
 // Claim is one row held by a claim form for its handler.
 type Claim interface {
-	// Delivery is what the handler receives.
-	Delivery() *Delivery
-	// Lost is closed when the form's hold on the row is gone before
-	// completion (a lease that could not be renewed in time, an advisory
-	// key session that ended). Nil when the form cannot lose a row while
-	// it is held.
-	Lost() <-chan struct{}
-	// Complete records o and lets the row go. It is called once. It
-	// returns ErrLeaseLost (and changes nothing) when the hold was lost.
-	Complete(ctx context.Context, o Outcome) error
-}
-
-// LostNotifier is an optional interface of a Claim whose hold can be lost.
-// OnLost arranges for f to be called once when Lost is closed (at once when
-// it already is), from whatever goroutine closes it; f must not block. The
-// engine cancels the handler's context through it; without it the engine
-// watches Lost with a goroutine per delivery.
-type LostNotifier interface {
+	// Row is the claimed row.
+	Row() *Row
+	// Tx returns the transaction that holds the row (the row-lock form),
+	// for the handler's own writes: writes through it commit with the
+	// outcome and are rolled back with a failure. The first call may run
+	// a statement (a savepoint). Forms that hold no transaction return
+	// ErrNoTx; once the completion has started, sql.ErrTxDone.
+	Tx() (*sqlx.Tx, error)
+	// OnLost arranges for f to be called once when the form's hold on the
+	// row is gone before completion (a lease that could not be renewed in
+	// time, an advisory key session that ended), at once when it already
+	// is, from whatever goroutine notices; f must not block. A form that
+	// cannot lose a row while it is held never calls f.
 	OnLost(f func())
+	// Complete records o and lets the row go. It is called once. done is
+	// called exactly once with the result, from this goroutine before
+	// Complete returns or from the form's own (a form that writes
+	// completions in batches), within a bounded time: nil when recorded,
+	// ErrLeaseLost (and nothing changed) when the hold was lost, or the
+	// statement's error.
+	Complete(ctx context.Context, o Outcome, done func(error))
 }
 
-// AsyncCompleter is an optional interface of a Claim whose completions are
-// queued and written together (the lease and advisory forms).
-// CompleteAsync records o as Complete does, but returns at once and calls
-// done with what Complete would have returned once the outcome is written
-// (or failed), from another goroutine; done is called exactly once, and
-// the form must bound how long that takes. The engine then frees the handler at once, so claims
-// go on while completions wait for their batch; it keeps at most
-// Concurrency completions waiting this way, and Stop waits for them.
-type AsyncCompleter interface {
-	CompleteAsync(ctx context.Context, o Outcome, done func(error))
-}
-
-// Batching is an optional interface of a ClaimForm. A form whose claim is
-// one statement however many rows it takes (the lease form) reports true:
-// while work is in flight the engine then waits for half a batch of free
-// handlers before it claims. Without it (or with false) the engine claims
-// as soon as a handler is free, as suits a form that claims row by row.
-type Batching interface {
-	BatchesClaims() bool
-}
-
-// Pipelining is an optional interface of a batching ClaimForm whose claim
-// is several round trips one after another (the advisory form: candidate
-// rows, their keys, the take). ClaimsAtOnce is how many claims the engine
-// may run at once, each for handlers the others do not claim for, so one
-// claim's round trips overlap another's; 1 (or less) is one at a time.
-// Each claim running may use a connection of its own.
-type Pipelining interface {
-	ClaimsAtOnce() int
+// Traits say how the engine should ask a form for claims.
+type Traits struct {
+	// Batches: one claim is one statement however many rows it takes (the
+	// lease form): while work is in flight the engine waits for half a
+	// batch of free handlers before it claims. False: the engine claims as
+	// soon as a handler is free, as suits a form that claims row by row.
+	Batches bool
+	// ClaimsAtOnce is how many claims a batching form may run at once,
+	// each for handlers the others do not claim for, so one claim's round
+	// trips overlap another's (the advisory form: candidate rows, their
+	// keys, the take); 1 or less is one at a time. Each may use a
+	// connection of its own.
+	ClaimsAtOnce int
 }
 
 // ClaimForm is a claim form bound to one table and one database.
 type ClaimForm interface {
-	// Form says which form this is.
-	Form() Form
-	// Plan is the table the form claims from.
-	Plan() *Plan
-	// Start checks the server (ServerChecker) and takes what the form needs
-	// for its life (AdvisoryAttacher); it is called once, before Claim.
+	// Traits say how the engine asks for claims.
+	Traits() Traits
+	// Start takes what the form needs for its life (AdvisoryLocker's
+	// in-process keys, the row-lock statements of the server); it is
+	// called once, after the broker checked the server and the table, and
+	// before Claim.
 	Start(ctx context.Context) error
 	// Claim claims up to max ready rows (max >= 1). Zero claims and a nil
 	// error mean nothing is ready. Claims already made are returned even

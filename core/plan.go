@@ -1,40 +1,45 @@
 package core
 
 import (
-	"context"
-	"fmt"
+	"database/sql"
 	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
 )
 
-// Plan is a validated table description compiled for one dialect: quoted
-// identifiers and the SQL fragments every form shares. A Plan is immutable.
+// Plan is a table description compiled for one dialect: the names the
+// description gives, with defaults applied, their quoted forms, and the SQL
+// fragments every form shares. The broker makes plans (the description is
+// validated first, so every name is a plain identifier); a Plan is
+// immutable.
 type Plan struct {
-	Table   Table
 	Dialect Dialect
 	Caps    Capabilities
-	Key     *KeyTemplate // nil unless the Advisory form
+	Form    Form
+	Key     *KeyTemplate // the advisory key template; nil in other forms
+
+	// Table is the table's name as given ("jobs", "app.jobs"). The column
+	// names follow, defaults applied: ID, Attempt and Order are never
+	// empty; the others are "" when the description names none.
+	Table                                            string
+	ID, Attempt, Order                               string
+	LockedUntil, Group, ReadyAt, DeadAt, DoneAt      string
+	Lease                                            time.Duration      // the lease form's lease
+	Isolation                                        sql.IsolationLevel // of claim transactions; LevelDefault: the dialect's
+	QTable, QID, QAttempt, QOrder                    string             // quoted
+	QLockedUntil, QGroup, QReadyAt, QDeadAt, QDoneAt string             // quoted; "" for none
+	QKeyCols                                         []string           // the key template's columns, quoted
 
 	// Alias is the alias claim statements give the table ("c").
 	Alias string
-
-	QTable, QID, QAttempt, QOrder string
-	// Optional columns, quoted; "" when the description names none.
-	QLockedUntil, QGroup, QReadyAt, QDeadAt, QDoneAt string
-	// QKeyCols are the key template's columns, quoted.
-	QKeyCols []string
 }
 
-// NewPlan validates t and compiles it for d. It does not touch a database;
-// CheckLive compares the plan with the live table.
-func NewPlan(d Dialect, t Table) (*Plan, error) {
-	if err := t.Validate(); err != nil {
-		return nil, err
-	}
-	p := &Plan{Table: t, Dialect: d, Caps: CapabilitiesOf(d), Alias: "c"}
-	parts := strings.Split(t.Name, ".")
+// NewPlan completes p, whose names are checked identifiers, for d: its
+// quoted names, the alias and d's capabilities.
+func NewPlan(d Dialect, p Plan) *Plan {
+	p.Dialect, p.Caps, p.Alias = d, CapabilitiesOf(d), "c"
+	parts := strings.Split(p.Table, ".")
 	for i, s := range parts {
 		parts[i] = d.QuoteIdent(s)
 	}
@@ -45,56 +50,22 @@ func NewPlan(d Dialect, t Table) (*Plan, error) {
 		}
 		return d.QuoteIdent(s)
 	}
-	p.QID, p.QAttempt, p.QOrder = q(t.IDColumn()), q(t.AttemptColumn()), q(t.OrderColumn())
-	p.QLockedUntil, p.QGroup, p.QReadyAt, p.QDeadAt, p.QDoneAt =
-		q(t.LockedUntil), q(t.Group), q(t.ReadyAt), q(t.DeadAt), q(t.DoneAt)
-	if t.AdvisoryLock != "" {
-		p.Key, _ = ParseKeyTemplate(t.AdvisoryLock) // Validate parsed it
+	p.QID, p.QAttempt, p.QOrder = q(p.ID), q(p.Attempt), q(p.Order)
+	p.QLockedUntil, p.QGroup, p.QReadyAt, p.QDeadAt, p.QDoneAt = q(p.LockedUntil), q(p.Group), q(p.ReadyAt), q(p.DeadAt), q(p.DoneAt)
+	p.QKeyCols = nil
+	if p.Key != nil {
 		for _, c := range p.Key.Columns() {
 			p.QKeyCols = append(p.QKeyCols, q(c))
 		}
 	}
-	if f := t.Form(); !p.Caps.Offers(f) {
-		return nil, &FormError{Dialect: d.Name(), Form: f, Reason: "the dialect does not implement it"}
-	}
-	if t.Group != "" && p.Caps.GroupGuard == nil && !d.Features().SingleWriter {
-		return nil, &TableError{Table: t.Name, Field: "Group",
-			Reason: fmt.Sprintf("dialect %s has no FIFO group guard and is not single-writer", d.Name())}
-	}
-	return p, nil
-}
-
-// CheckLive reads the live table's columns (a query that returns no row,
-// so nothing changes) and fails with a *TableError for a missing table or
-// for each column the description names that the table lacks.
-func (p *Plan) CheckLive(ctx context.Context, db sqlx.QueryerContext) error {
-	rows, err := db.QueryxContext(ctx, "SELECT * FROM "+p.QTable+" WHERE 1=0")
-	if err != nil {
-		return &TableError{Table: p.Table.Name, Field: "Name", Reason: "cannot read the table", Err: err}
-	}
-	cols, err := rows.Columns()
-	rows.Close()
-	if err != nil {
-		return &TableError{Table: p.Table.Name, Field: "Name", Reason: "cannot read the table's columns", Err: err}
-	}
-	have := map[string]bool{}
-	for _, c := range cols {
-		have[strings.ToLower(c)] = true
-	}
-	for _, c := range p.Table.Columns() {
-		if !have[strings.ToLower(c[1])] {
-			return &TableError{Table: p.Table.Name, Field: c[0],
-				Reason: fmt.Sprintf("column %q does not exist (the table has %s)", c[1], strings.Join(cols, ", "))}
-		}
-	}
-	return nil
+	return &p
 }
 
 // TimeColumns lists the timestamp columns the description names (lease,
 // ready, dead, done), for dialects' DDL and column checks.
 func (p *Plan) TimeColumns() []string {
 	var out []string
-	for _, c := range []string{p.Table.LockedUntil, p.Table.ReadyAt, p.Table.DeadAt, p.Table.DoneAt} {
+	for _, c := range []string{p.LockedUntil, p.ReadyAt, p.DeadAt, p.DoneAt} {
 		if c != "" {
 			out = append(out, c)
 		}
@@ -173,7 +144,7 @@ func (p *Plan) LeaseHeld(alias string, now time.Time) (string, []any) {
 // further ahead (a clock that jumped forward, a hand-edited row) counts as
 // expired, so the row is not stranded until then.
 func (p *Plan) danglingAfter(now time.Time) time.Time {
-	return now.Add(2 * p.Table.LeaseDuration())
+	return now.Add(2 * p.Lease)
 }
 
 // NextAttempt is the attempt column over alias after one more count. A

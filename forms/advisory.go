@@ -29,7 +29,7 @@ type advisory struct {
 	stopped sync.Once
 
 	cmu      sync.Mutex
-	cqueue   []*advisoryClaim // completions queued by CompleteAsync
+	cqueue   []*advisoryClaim // completions waiting for their batch
 	flushing int              // flushers running
 }
 
@@ -39,15 +39,12 @@ func newAdvisory(b base) *advisory {
 	return f
 }
 
-func (f *advisory) Form() core.Form { return core.Advisory }
-
-// BatchesClaims: one candidate read and one take serve a batch
-// (core.Batching).
-func (f *advisory) BatchesClaims() bool { return true }
-
-// ClaimsAtOnce: two claims at once (core.Pipelining), so one claim's
-// candidate read, key try and take overlap another's.
-func (f *advisory) ClaimsAtOnce() int { return advisoryClaimers }
+// Traits: one candidate read and one take serve a batch, and two claims
+// run at once, so one claim's candidate read, key try and take overlap
+// another's.
+func (f *advisory) Traits() core.Traits {
+	return core.Traits{Batches: true, ClaimsAtOnce: advisoryClaimers}
+}
 
 // advisoryClaimers is how many claims an advisory subscription runs at once.
 const advisoryClaimers = 2
@@ -59,9 +56,6 @@ const advisoryClaimers = 2
 const AdvisoryConnections = 1 + advisoryClaimers
 
 func (f *advisory) Start(ctx context.Context) error {
-	if err := f.start(ctx, core.Advisory); err != nil {
-		return err
-	}
 	if a := f.plan.Caps.AdvisoryAttacher; a != nil {
 		rel, err := a.AttachAdvisory(ctx, f.db)
 		if err != nil {
@@ -116,11 +110,11 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 		}
 		rs, err := f.db.QueryxContext(ctx, p.Rebind(q), a...)
 		if err != nil {
-			return out, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table.Name, err)
+			return out, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table, err)
 		}
 		cands, err := readRows(rs)
 		if err != nil {
-			return out, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table.Name, err)
+			return out, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table, err)
 		}
 		// Lock the keys of as many candidates as are wanted on the key
 		// session, a wave of them in one statement; then take their rows
@@ -189,7 +183,7 @@ func (f *advisory) takeAll(ctx context.Context, claims []*advisoryClaim) ([]core
 		if err == nil && r != nil {
 			var attempt int
 			if attempt, err = f.attemptOf(r); err == nil {
-				c.d = f.delivery(r, counted(attempt), c.key)
+				c.row = f.delivery(r, counted(attempt), c.key)
 				out = append(out, c)
 				return
 			}
@@ -208,11 +202,11 @@ func (f *advisory) takeAll(ctx context.Context, claims []*advisoryClaim) ([]core
 	}
 	rows, err := f.countAll(ctx, claims)
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("sqlxbroker: take advisory rows on %s: %w", f.plan.Table.Name, err), f.keys.unlock(ctx, claims...))
+		return nil, errors.Join(fmt.Errorf("sqlxbroker: take advisory rows on %s: %w", f.plan.Table, err), f.keys.unlock(ctx, claims...))
 	}
 	byID := make(map[string]*row, len(rows))
 	for i := range rows {
-		byID[idKey(rows[i].get(f.plan.Table.IDColumn()))] = &rows[i]
+		byID[idKey(rows[i].get(f.plan.ID))] = &rows[i]
 	}
 	for _, c := range claims {
 		keep(c, byID[idKey(c.id)], nil)
@@ -376,20 +370,20 @@ func (f *advisory) groupOf(ctx context.Context, q sqlx.QueryerContext, id any) (
 }
 
 type advisoryClaim struct {
+	noTx
 	f    *advisory
 	gen  *holding // the holder's session that locked the key
 	key  string
 	id   any
-	d    *core.Delivery
-	o    core.Outcome // CompleteAsync
-	done func(error)  // CompleteAsync
+	row  core.Row
+	o    core.Outcome // the completion, while it waits for its batch
+	done func(error)
 }
 
-func (c *advisoryClaim) Delivery() *core.Delivery { return c.d }
-func (c *advisoryClaim) Lost() <-chan struct{}    { return c.gen.lost }
+func (c *advisoryClaim) Row() *core.Row { return &c.row }
 
 // OnLost calls fn when the session holding the key ends before the
-// claim completes (core.LostNotifier).
+// claim completes.
 func (c *advisoryClaim) OnLost(fn func()) { c.gen.onLost(c, fn) }
 
 // lost is what completing a claim whose session ended returns.
@@ -397,28 +391,14 @@ func (c *advisoryClaim) lost(o core.Outcome) error {
 	return fmt.Errorf("%w: the session holding advisory key %q ended before the %s completion", core.ErrLeaseLost, c.key, o.Kind)
 }
 
-// Complete records o, then releases the key, through the form's queue of
-// completions (see CompleteAsync), so completions use no connection beyond
-// the key session whatever the concurrency. When the session holding the key
-// ended first, another claim may already have the row: Complete changes
-// nothing and returns core.ErrLeaseLost (the row, attempt counted, is
-// claimable again). When ctx ends first Complete returns its error; the
-// completion is still written.
-func (c *advisoryClaim) Complete(ctx context.Context, o core.Outcome) error {
-	reply := make(chan error, 1)
-	c.CompleteAsync(ctx, o, func(err error) { reply <- err })
-	select {
-	case err := <-reply:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// CompleteAsync queues the completion and returns at once
-// (core.AsyncCompleter): completions that queue while a batch is written
-// on the key session go together in the next (flush).
-func (c *advisoryClaim) CompleteAsync(ctx context.Context, o core.Outcome, done func(error)) {
+// Complete queues the completion and returns at once: completions that
+// queue while a batch is written on the key session go together in the
+// next (flush), which records o and then releases the key, so completions
+// use no connection beyond the key session whatever the concurrency. When
+// the session holding the key ended first, another claim may already have
+// the row: the completion changes nothing and done gets core.ErrLeaseLost
+// (the row, attempt counted, is claimable again).
+func (c *advisoryClaim) Complete(ctx context.Context, o core.Outcome, done func(error)) {
 	f := c.f
 	c.o, c.done = o, done
 	f.cmu.Lock()
@@ -436,7 +416,7 @@ func (c *advisoryClaim) CompleteAsync(ctx context.Context, o core.Outcome, done 
 // completeOne records o for one claim on q.
 func (f *advisory) completeOne(ctx context.Context, q sqlx.ExecerContext, c *advisoryClaim, o core.Outcome) error {
 	if stmt, args := f.completion(o, false, false, ""); stmt != "" {
-		if _, err := q.ExecContext(ctx, stmt, append(args, c.d.ID())...); err != nil {
+		if _, err := q.ExecContext(ctx, stmt, append(args, c.row.ID)...); err != nil {
 			return fmt.Errorf("sqlxbroker: advisory completion (%s): %w", o.Kind, err)
 		}
 	}
@@ -492,7 +472,7 @@ func (f *advisory) flush(batch []*advisoryClaim) {
 			errs[i] = c.lost(c.o)
 			continue
 		case c.o.Kind == core.Succeeded:
-			wins, won = append(wins, c.d.ID()), append(won, i)
+			wins, won = append(wins, c.row.ID), append(won, i)
 		default:
 			sctx, cancel := stmtCtx(ctx)
 			if errs[i] = f.completeOne(sctx, h.sess, c, c.o); errs[i] != nil {

@@ -10,7 +10,6 @@ import (
 
 	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/conformance"
-	"github.com/sqlxbroker/sqlxbroker/core"
 	"github.com/sqlxbroker/sqlxbroker/forms"
 )
 
@@ -93,12 +92,12 @@ func TestAdvisoryKeysOutliveSession(t *testing.T) {
 	forms.EndKeySession(f)
 	for _, c := range cs {
 		select {
-		case <-c.Lost():
+		case <-conformance.Lost(c):
 		default:
-			t.Fatalf("row %v: not lost with its key session", c.Delivery().ID())
+			t.Fatalf("row %v: not lost with its key session", sqlxbroker.NewDelivery(c).ID())
 		}
-		if err := c.Complete(ctx, core.Outcome{Kind: core.Succeeded}); !errors.Is(err, core.ErrLeaseLost) {
-			t.Errorf("row %v: completion after the session ended returned %v, want ErrLeaseLost", c.Delivery().ID(), err)
+		if err := conformance.Complete(ctx, c, sqlxbroker.Outcome{Kind: sqlxbroker.Succeeded}); !errors.Is(err, sqlxbroker.ErrLeaseLost) {
+			t.Errorf("row %v: completion after the session ended returned %v, want ErrLeaseLost", sqlxbroker.NewDelivery(c).ID(), err)
 		}
 	}
 	again, err := f.Claim(ctx, 2)
@@ -106,7 +105,7 @@ func TestAdvisoryKeysOutliveSession(t *testing.T) {
 		t.Fatalf("claimed again %d rows (%v), want both: their keys stayed held", len(again), err)
 	}
 	for _, c := range again {
-		if err := c.Complete(ctx, core.Outcome{Kind: core.Succeeded}); err != nil {
+		if err := conformance.Complete(ctx, c, sqlxbroker.Outcome{Kind: sqlxbroker.Succeeded}); err != nil {
 			t.Error(err)
 		}
 	}

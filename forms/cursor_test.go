@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/conformance"
 	"github.com/sqlxbroker/sqlxbroker/core"
 	"github.com/sqlxbroker/sqlxbroker/forms"
@@ -33,7 +34,7 @@ func TestClaimCursor(t *testing.T) {
 		if err != nil || len(cs) != 1 {
 			t.Fatalf("claim: %d claims, %v; want row %s", len(cs), err, want)
 		}
-		got := fmt.Sprint(cs[0].Delivery().ID())
+		got := fmt.Sprint(sqlxbroker.NewDelivery(cs[0]).ID())
 		if got != want {
 			t.Fatalf("claimed row %s, want %s", got, want)
 		}
@@ -41,7 +42,7 @@ func TestClaimCursor(t *testing.T) {
 	}
 	retry := func(id string) {
 		t.Helper()
-		if err := held[id].Complete(ctx, core.Outcome{Kind: core.Retry}); err != nil {
+		if err := conformance.Complete(ctx, held[id], sqlxbroker.Outcome{Kind: sqlxbroker.Retry}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -13,6 +13,9 @@ func SetFullScanEvery(d time.Duration) { fullScanEvery = d }
 // EndKeySession ends the session that holds an advisory form's keys, as a
 // failed statement on it does.
 func EndKeySession(f core.ClaimForm) {
+	if u, ok := f.(interface{ Unwrap() core.ClaimForm }); ok {
+		f = u.Unwrap()
+	}
 	a := f.(*advisory)
 	a.keys.mu.Lock()
 	defer a.keys.mu.Unlock()

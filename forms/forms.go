@@ -3,7 +3,7 @@
 // (lease.go) and advisory lock (advisory.go, its key session in
 // keyholder.go). New picks the form a table description selects.
 //
-// Attempts are counted where each form holds the row (SPEC §5): the row-lock
+// Attempts are counted where each form holds the row: the row-lock
 // form counts in the completion statement that returns a row for another
 // try, the lease form at claim, the advisory form when it takes the row. A
 // delivery reports the attempt as it stood before the claim, so the first
@@ -13,7 +13,6 @@ package forms
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -24,27 +23,17 @@ import (
 	"github.com/sqlxbroker/sqlxbroker/core"
 )
 
-// New returns the claim form p's table selects, bound to db.
-func New(db *sqlx.DB, p *core.Plan) (core.ClaimForm, error) {
+// New returns the claim form p's table selects, bound to db. The broker
+// made p, so the dialect offers the form.
+func New(db *sqlx.DB, p *core.Plan) core.ClaimForm {
 	b := base{db: db, plan: p, scan: &cursor{}}
-	switch f := p.Table.Form(); f {
+	switch p.Form {
 	case core.RowLock:
-		if p.Caps.RowLocker == nil {
-			return nil, &core.FormError{Dialect: p.Dialect.Name(), Form: f, Reason: "the database has no row locks that skip locked rows"}
-		}
-		return newRowLock(b), nil
+		return newRowLock(b)
 	case core.Lease:
-		if p.Caps.Leaser == nil {
-			return nil, &core.FormError{Dialect: p.Dialect.Name(), Form: f, Reason: "the dialect has no lease claim"}
-		}
-		return newLease(b), nil
-	case core.Advisory:
-		if p.Caps.AdvisoryLocker == nil {
-			return nil, &core.FormError{Dialect: p.Dialect.Name(), Form: f, Reason: "the database has no advisory locks"}
-		}
-		return newAdvisory(b), nil
+		return newLease(b)
 	default:
-		return nil, fmt.Errorf("sqlxbroker: unknown form %v", f)
+		return newAdvisory(b)
 	}
 }
 
@@ -113,35 +102,10 @@ func (c *cursor) reset() {
 	c.mu.Unlock()
 }
 
-func (b *base) Plan() *core.Plan { return b.plan }
-
-// start checks the server (a DSN the dialect refuses, a version too old),
-// then the description against the live table.
-func (b *base) start(ctx context.Context, f core.Form) error {
-	if c := b.plan.Caps.ServerChecker; c != nil {
-		if err := c.CheckServer(ctx, b.db, f); err != nil {
-			if errors.Is(err, core.ErrServerTooOld) {
-				// A bad description is named as such on any server.
-				if lerr := b.plan.CheckLive(ctx, b.db); lerr != nil {
-					return lerr
-				}
-			}
-			return err
-		}
-	}
-	if err := b.plan.CheckLive(ctx, b.db); err != nil {
-		return err
-	}
-	if c := b.plan.Caps.TableChecker; c != nil {
-		return c.CheckTable(ctx, b.db, b.plan)
-	}
-	return nil
-}
-
 // txOptions are the options of claim transactions: the table's isolation,
 // else the dialect's claim isolation.
 func (b *base) txOptions() *sql.TxOptions {
-	iso := b.plan.Table.Isolation
+	iso := b.plan.Isolation
 	if iso == sql.LevelDefault && b.plan.Caps.RowLocker != nil {
 		iso = b.plan.Caps.RowLocker.ClaimIsolation()
 	}
@@ -196,10 +160,10 @@ func readRows(rows *sqlx.Rows) ([]row, error) {
 // (rows that break the contract) read as 1, a new row's attempt; the next
 // count repairs the column (Plan.NextAttempt).
 func (b *base) attemptOf(r *row) (int, error) {
-	v := r.get(b.plan.Table.AttemptColumn())
+	v := r.get(b.plan.Attempt)
 	var n sql.NullInt64
 	if err := n.Scan(v); err != nil {
-		return 0, fmt.Errorf("sqlxbroker: table %s: attempt column %q holds %v in row %v: %w", b.plan.Table.Name, b.plan.Table.AttemptColumn(), v, r.get(b.plan.Table.IDColumn()), err)
+		return 0, fmt.Errorf("sqlxbroker: table %s: attempt column %q holds %v in row %v: %w", b.plan.Table, b.plan.Attempt, v, r.get(b.plan.ID), err)
 	}
 	if !n.Valid || n.Int64 < 1 {
 		return 1, nil
@@ -211,16 +175,21 @@ func (b *base) attemptOf(r *row) (int, error) {
 // one less than the column, never below 1.
 func counted(attempt int) int { return max(1, attempt-1) }
 
-// delivery builds a delivery from r, reporting attempt, and sets the
-// attempt column of the copy the handler sees to it.
-func (b *base) delivery(r *row, attempt int, key string) *core.Delivery {
+// delivery is the claimed row r, reporting attempt, with the attempt
+// column of the copy the handler sees set to it.
+func (b *base) delivery(r *row, attempt int, key string) core.Row {
 	for i, c := range r.cols {
-		if strings.EqualFold(c, b.plan.Table.AttemptColumn()) {
+		if strings.EqualFold(c, b.plan.Attempt) {
 			r.vals[i] = int64(attempt)
 		}
 	}
-	return core.NewDelivery(r.get(b.plan.Table.IDColumn()), attempt, key, r.cols, r.vals)
+	return core.Row{ID: r.get(b.plan.ID), Attempt: attempt, Key: key, Columns: r.cols, Values: r.vals}
 }
+
+// noTx is the Tx of claims of forms that hold no transaction.
+type noTx struct{}
+
+func (noTx) Tx() (*sqlx.Tx, error) { return nil, core.ErrNoTx }
 
 // completion builds the statement that records o for one row, matched by
 // "<id> = ?" plus fence (a further condition with its own args, e.g. the

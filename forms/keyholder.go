@@ -93,7 +93,7 @@ func (h *keyHolder) tryOn(ctx context.Context, keys []string) ([]bool, error) {
 				return nil, fmt.Errorf("sqlxbroker: advisory: limit the key session's lock waits: %w", err)
 			}
 		}
-		h.sess, h.gen, h.held = conn, &holding{lost: make(chan struct{})}, map[string]struct{}{}
+		h.sess, h.gen, h.held = conn, &holding{}, map[string]struct{}{}
 	}
 	sctx, cancel := stmtCtx(ctx)
 	defer cancel()
@@ -289,10 +289,9 @@ func unlockKeys(ctx context.Context, caps core.Capabilities, conn *sqlx.Conn, ke
 	return nil
 }
 
-// holding is one session's deliveries: lost is closed, and their OnLost
-// functions called, when the session ends while it holds keys.
+// holding is one session's deliveries: their OnLost functions are called
+// when the session ends while it holds keys.
 type holding struct {
-	lost chan struct{}
 	mu   sync.Mutex
 	gone bool
 	fns  map[*advisoryClaim]func()
@@ -303,7 +302,6 @@ func (g *holding) lose() {
 	g.gone = true
 	fns := g.fns
 	g.fns = nil
-	close(g.lost)
 	g.mu.Unlock()
 	for _, fn := range fns {
 		fn()
@@ -335,5 +333,3 @@ func (g *holding) forget(c *advisoryClaim) {
 	delete(g.fns, c)
 	g.mu.Unlock()
 }
-
-var _ core.LostNotifier = (*advisoryClaim)(nil)

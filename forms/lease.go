@@ -37,19 +37,14 @@ type lease struct {
 }
 
 func newLease(b base) *lease {
-	return &lease{base: b, dur: b.plan.Table.LeaseDuration(), active: map[*leaseClaim]struct{}{},
+	return &lease{base: b, dur: b.plan.Lease, active: map[*leaseClaim]struct{}{},
 		done: make(chan struct{}), queued: make(chan struct{}, 1)}
 }
 
-func (f *lease) Form() core.Form { return core.Lease }
-
-// BatchesClaims: one statement claims the whole batch (core.Batching).
-func (f *lease) BatchesClaims() bool { return true }
+// Traits: one statement claims the whole batch.
+func (f *lease) Traits() core.Traits { return core.Traits{Batches: true} }
 
 func (f *lease) Start(ctx context.Context) error {
-	if err := f.start(ctx, core.Lease); err != nil {
-		return err
-	}
 	f.startOne.Do(func() {
 		f.wg.Add(2)
 		go f.renewer()
@@ -104,7 +99,7 @@ func (f *lease) claimOn(ctx context.Context, q core.Querier, tx *sqlx.Tx, now ti
 	if p.QGroup != "" && p.Caps.GroupGuard != nil {
 		ids, err := guardedHeads(ctx, tx, p, where, args, max)
 		if err != nil {
-			return nil, fmt.Errorf("sqlxbroker: lease claim on %s: %w", p.Table.Name, err)
+			return nil, fmt.Errorf("sqlxbroker: lease claim on %s: %w", p.Table, err)
 		}
 		if len(ids) == 0 {
 			return nil, nil
@@ -125,7 +120,7 @@ func (f *lease) claimOn(ctx context.Context, q core.Querier, tx *sqlx.Tx, now ti
 			rows, err = readRows(rs)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("sqlxbroker: lease claim on %s: %w", p.Table.Name, err)
+			return nil, fmt.Errorf("sqlxbroker: lease claim on %s: %w", p.Table, err)
 		}
 		if from == "" || len(rows) == max {
 			break
@@ -141,9 +136,9 @@ func (f *lease) claimOn(ctx context.Context, q core.Querier, tx *sqlx.Tx, now ti
 		return nil, nil
 	}
 	if p.QGroup == "" && len(rows) == max {
-		f.scan.advance(rows[len(rows)-1].get(p.Table.OrderColumn()))
+		f.scan.advance(rows[len(rows)-1].get(p.Order))
 	}
-	ds := make([]*core.Delivery, len(rows))
+	ds := make([]core.Row, len(rows))
 	for i := range rows {
 		attempt, err := f.attemptOf(&rows[i])
 		if err != nil {
@@ -153,13 +148,13 @@ func (f *lease) claimOn(ctx context.Context, q core.Querier, tx *sqlx.Tx, now ti
 	}
 	if tx != nil {
 		if err := tx.Commit(); err != nil {
-			return nil, fmt.Errorf("sqlxbroker: commit lease claim on %s: %w", p.Table.Name, err)
+			return nil, fmt.Errorf("sqlxbroker: commit lease claim on %s: %w", p.Table, err)
 		}
 	}
 	out := make([]core.Claim, len(ds))
 	f.mu.Lock()
 	for i, d := range ds {
-		c := &leaseClaim{f: f, d: d, token: deadline}
+		c := &leaseClaim{f: f, row: d, token: deadline}
 		c.timer = time.AfterFunc(time.Until(deadline), c.expire)
 		f.active[c] = struct{}{}
 		out[i] = c
@@ -169,65 +164,37 @@ func (f *lease) claimOn(ctx context.Context, q core.Querier, tx *sqlx.Tx, now ti
 }
 
 type leaseClaim struct {
-	f *lease
-	d *core.Delivery
+	noTx
+	f   *lease
+	row core.Row
 
 	mu       sync.Mutex
 	token    time.Time // the deadline the row holds for us
 	timer    *time.Timer
-	finished bool          // completion started: renewal stops
-	wasLost  bool          // the lease was lost
-	lost     chan struct{} // made by the first Lost, closed once lost
-	onLost   func()        // called once the lease is lost
+	finished bool   // completion started: renewal stops
+	wasLost  bool   // the lease was lost
+	onLost   func() // called once the lease is lost
 
-	// The completion, while it waits in the completer's queue: its
-	// result goes to reply (Complete) or done (CompleteAsync).
-	o     core.Outcome
-	reply chan error
-	done  func(error)
+	// The completion, while it waits in the completer's queue.
+	o    core.Outcome
+	done func(error)
 }
 
-// answer hands the completion's result to whoever waits for it.
-func (c *leaseClaim) answer(err error) {
-	if c.done != nil {
-		c.done(err)
-		return
-	}
-	c.reply <- err
-}
+func (c *leaseClaim) Row() *core.Row { return &c.row }
 
-func (c *leaseClaim) Delivery() *core.Delivery { return c.d }
-
-// Lost returns a channel closed once the lease is lost (made on demand: the
-// engine is told through OnLost instead).
-func (c *leaseClaim) Lost() <-chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.lost == nil {
-		c.lost = make(chan struct{})
-		if c.wasLost {
-			close(c.lost)
-		}
-	}
-	return c.lost
-}
-
-// markLost records the loss, closes lost and runs the OnLost function. The
-// caller holds c.mu.
+// markLost records the loss and runs the OnLost function. The caller holds
+// c.mu.
 func (c *leaseClaim) markLost() {
 	if c.wasLost {
 		return
 	}
 	c.wasLost = true
-	if c.lost != nil {
-		close(c.lost)
-	}
 	if c.onLost != nil {
 		c.onLost()
 	}
 }
 
-// OnLost runs fn when the lease is lost (core.LostNotifier).
+// OnLost runs fn when the lease is lost.
 func (c *leaseClaim) OnLost(fn func()) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -264,27 +231,11 @@ func (c *leaseClaim) finish() time.Time {
 
 // Complete queues the completion for the form's completer, which writes
 // what has queued together: successes in one statement, other outcomes one
-// statement each, on at most flushers connections. Once the form is closed
-// the completion runs alone. However it returns, the lease is renewed no
-// more: a completion that gave up (ctx ended before the completer took it)
-// leaves the row to come back when its lease runs out.
-func (c *leaseClaim) Complete(ctx context.Context, o core.Outcome) error {
-	c.o, c.reply = o, make(chan error, 1)
-	if !c.enqueue() {
-		return c.f.completeOne(ctx, c, o)
-	}
-	select {
-	case err := <-c.reply:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// CompleteAsync queues the completion as Complete does and returns at once;
-// the completer calls done with the result (core.AsyncCompleter). A flush
-// is bounded by its own timeout, so done is always called.
-func (c *leaseClaim) CompleteAsync(ctx context.Context, o core.Outcome, done func(error)) {
+// statement each, on at most flushers connections, and calls done with the
+// result (a flush is bounded by its own timeout, so done is always called).
+// Once the form is closed the completion runs alone. Whatever the result,
+// the lease is renewed no more.
+func (c *leaseClaim) Complete(ctx context.Context, o core.Outcome, done func(error)) {
 	c.o, c.done = o, done
 	if !c.enqueue() {
 		done(c.f.completeOne(ctx, c, o))
@@ -314,7 +265,7 @@ func (c *leaseClaim) enqueue() bool {
 func (f *lease) completeOne(ctx context.Context, c *leaseClaim, o core.Outcome) error {
 	token := c.finish()
 	q, args := f.completion(o, false, true, " AND "+f.plan.QLockedUntil+" = ?")
-	res, err := f.db.ExecContext(ctx, q, append(args, c.d.ID(), f.plan.Time(token))...)
+	res, err := f.db.ExecContext(ctx, q, append(args, c.row.ID, f.plan.Time(token))...)
 	if err != nil {
 		return fmt.Errorf("sqlxbroker: lease completion (%s): %w", o.Kind, err)
 	}
@@ -339,7 +290,7 @@ func (f *lease) fence(claims []*leaseClaim, tokens []time.Time) (string, []any) 
 	ids := make([]any, len(claims))
 	toks := make([]any, len(claims))
 	for i, c := range claims {
-		ids[i], toks[i] = c.d.ID(), p.Time(tokens[i])
+		ids[i], toks[i] = c.row.ID, p.Time(tokens[i])
 	}
 	if lf := p.Caps.LeaseFencer; lf != nil {
 		return lf.FenceLeases(p, ids, toks)
@@ -402,14 +353,14 @@ func (f *lease) fencedBatch(ctx context.Context, head string, headArgs []any, re
 				changed[idKey(g.vals[0])] = true
 			}
 			for i, c := range claims {
-				hit[i] = changed[idKey(c.d.ID())]
+				hit[i] = changed[idKey(c.row.ID)]
 			}
 		}
 		return hit, tx.Commit()
 	}
 	one := p.Rebind(head + " WHERE " + p.QID + " = ? AND " + p.QLockedUntil + " = ?")
 	oneArgs := func(i int) []any {
-		return append(append([]any{}, headArgs...), claims[i].d.ID(), p.Time(tokens[i]))
+		return append(append([]any{}, headArgs...), claims[i].row.ID, p.Time(tokens[i]))
 	}
 	if len(claims) == 1 {
 		res, err := f.db.ExecContext(ctx, one, oneArgs(0)...)
@@ -586,11 +537,11 @@ func (f *lease) flush(batch []*leaseClaim) {
 	var wins []*leaseClaim
 	seen := make(map[string]bool, len(batch))
 	for _, r := range batch {
-		id := idKey(r.d.ID())
+		id := idKey(r.row.ID)
 		if r.o.Kind != core.Succeeded || seen[id] {
 			// A row claimed twice by this form (its first lease lost)
 			// cannot be fenced twice in one statement.
-			r.answer(f.completeOne(ctx, r, r.o))
+			r.done(f.completeOne(ctx, r, r.o))
 			continue
 		}
 		seen[id] = true
@@ -601,7 +552,7 @@ func (f *lease) flush(batch []*leaseClaim) {
 	}
 	errs := f.succeed(ctx, wins)
 	for i, r := range wins {
-		r.answer(errs[i])
+		r.done(errs[i])
 	}
 }
 

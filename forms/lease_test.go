@@ -43,12 +43,12 @@ func TestRenewalAfterALostLease(t *testing.T) {
 	lost, kept := cs[0], cs[1]
 	// Another claim takes the first row: its renewal finds another token,
 	// and its handler (which goes on, ignoring its context) is told.
-	if _, err := db.Exec(p.Rebind("UPDATE jobs SET locked_until = ? WHERE id = ?"), p.Time(time.Now().Add(time.Hour)), lost.Delivery().ID()); err != nil {
+	if _, err := db.Exec(p.Rebind("UPDATE jobs SET locked_until = ? WHERE id = ?"), p.Time(time.Now().Add(time.Hour)), sqlxbroker.NewDelivery(lost).ID()); err != nil {
 		t.Fatal(err)
 	}
 	conformance.WaitFor(t, 3*lease, "the taken row's claim to be told its lease is lost", func() bool {
 		select {
-		case <-lost.Lost():
+		case <-conformance.Lost(lost):
 			return true
 		default:
 			return false
@@ -59,12 +59,12 @@ func TestRenewalAfterALostLease(t *testing.T) {
 	want := claimed.Add(2*lease + lease/5)
 	conformance.WaitFor(t, 5*lease, "the kept lease to be renewed past "+want.Format(time.StampMilli), func() bool {
 		select {
-		case <-kept.Lost():
+		case <-conformance.Lost(kept):
 			t.Fatalf("the kept lease was lost %v after the claim: renewals stopped", time.Since(claimed).Round(time.Millisecond))
 		default:
 		}
 		var s string
-		if err := db.Get(&s, p.Rebind("SELECT locked_until FROM jobs WHERE id = ?"), kept.Delivery().ID()); err != nil {
+		if err := db.Get(&s, p.Rebind("SELECT locked_until FROM jobs WHERE id = ?"), sqlxbroker.NewDelivery(kept).ID()); err != nil {
 			t.Fatal(err)
 		}
 		until, err := time.Parse("2006-01-02 15:04:05.000000", s)
@@ -73,10 +73,10 @@ func TestRenewalAfterALostLease(t *testing.T) {
 		}
 		return until.After(want)
 	})
-	if err := kept.Complete(ctx, core.Outcome{Kind: core.Succeeded}); err != nil {
+	if err := conformance.Complete(ctx, kept, sqlxbroker.Outcome{Kind: sqlxbroker.Succeeded}); err != nil {
 		t.Errorf("complete the kept row: %v", err)
 	}
-	if err := lost.Complete(ctx, core.Outcome{Kind: core.Succeeded}); !errors.Is(err, core.ErrLeaseLost) {
+	if err := conformance.Complete(ctx, lost, sqlxbroker.Outcome{Kind: sqlxbroker.Succeeded}); !errors.Is(err, sqlxbroker.ErrLeaseLost) {
 		t.Errorf("complete the taken row: %v, want ErrLeaseLost", err)
 	}
 }
@@ -112,7 +112,7 @@ func TestCompleteThatGivesUpStopsRenewal(t *testing.T) {
 	for _, c := range cs {
 		// The completer may take some (their rows are deleted); the rest
 		// give up at once.
-		if err := c.Complete(gone, core.Outcome{Kind: core.Succeeded}); err != nil {
+		if err := conformance.Complete(gone, c, sqlxbroker.Outcome{Kind: sqlxbroker.Succeeded}); err != nil {
 			gaveUp++
 		}
 	}

@@ -2,6 +2,7 @@ package forms
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"sync"
 	"time"
@@ -59,16 +60,14 @@ func newRowLock(b base) *rowLock {
 	return f
 }
 
-func (f *rowLock) Form() core.Form { return core.RowLock }
+// Traits: claims row by row, each worker claiming its next row itself.
+func (f *rowLock) Traits() core.Traits { return core.Traits{} }
 
 func (f *rowLock) Start(ctx context.Context) error {
-	if err := f.start(ctx, core.RowLock); err != nil {
-		return err
-	}
 	if c := f.plan.Caps.TxChainer; c != nil {
 		chain, err := c.ChainCommit(ctx, f.db)
 		if err != nil {
-			return fmt.Errorf("sqlxbroker: row-lock form on %s: %w", f.plan.Table.Name, err)
+			return fmt.Errorf("sqlxbroker: row-lock form on %s: %w", f.plan.Table, err)
 		}
 		f.chain = chain
 	}
@@ -321,11 +320,11 @@ func (f *rowLock) claimIn(ctx context.Context, t *claimTx) (core.Claim, error) {
 			}
 		}
 		if len(rows) > 0 {
-			f.scan.advance(rows[0].get(p.Table.OrderColumn()))
+			f.scan.advance(rows[0].get(p.Order))
 		}
 	}
 	if err != nil {
-		return fail(fmt.Errorf("sqlxbroker: row-lock claim on %s: %w", p.Table.Name, err))
+		return fail(fmt.Errorf("sqlxbroker: row-lock claim on %s: %w", p.Table, err))
 	}
 	if len(rows) == 0 {
 		return fail(nil)
@@ -335,13 +334,7 @@ func (f *rowLock) claimIn(ctx context.Context, t *claimTx) (core.Claim, error) {
 	if err != nil {
 		return fail(err)
 	}
-	d := f.delivery(r, attempt, "")
-	txCtx := t.ctx
-	d.WithTx(t.tx, func(tx *sqlx.Tx) error {
-		_, err := tx.ExecContext(txCtx, "SAVEPOINT "+savepoint)
-		return err
-	})
-	return &rowLockClaim{f: f, t: t, d: d}, nil
+	return &rowLockClaim{f: f, t: t, row: f.delivery(r, attempt, "")}, nil
 }
 
 // claimHead claims the head of one FIFO group under the dialect's group
@@ -385,27 +378,68 @@ func (f *rowLock) claimHead(ctx context.Context, tx *sqlx.Tx, where string, args
 }
 
 type rowLockClaim struct {
-	f *rowLock
-	t *claimTx
-	d *core.Delivery
+	f   *rowLock
+	t   *claimTx
+	row core.Row
+
+	mu     sync.Mutex
+	txUsed bool  // the handler asked for the transaction
+	sealed bool  // the completion started: the handler's access ended
+	txErr  error // the savepoint's error
 }
 
-func (c *rowLockClaim) Delivery() *core.Delivery { return c.d }
-func (c *rowLockClaim) Lost() <-chan struct{}    { return nil }
+func (c *rowLockClaim) Row() *core.Row { return &c.row }
 
-// Complete runs the completion statement in the delivery's transaction and
+// OnLost: a row lock is held until the transaction ends.
+func (c *rowLockClaim) OnLost(func()) {}
+
+// Tx hands the handler the claim transaction. The first call takes a
+// savepoint, so a failed handler's writes can be rolled back while its
+// attempt is still counted in the same commit.
+func (c *rowLockClaim) Tx() (*sqlx.Tx, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sealed {
+		return nil, sql.ErrTxDone
+	}
+	if !c.txUsed {
+		c.txUsed = true
+		_, c.txErr = c.t.tx.ExecContext(c.t.ctx, "SAVEPOINT "+savepoint)
+	}
+	if c.txErr != nil {
+		return nil, c.txErr
+	}
+	return c.t.tx, nil
+}
+
+// seal ends the handler's access to the transaction and reports whether
+// it asked for it: a handler that kept its delivery cannot write into the
+// transaction once it carries another delivery (chained commits).
+func (c *rowLockClaim) seal() (used bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sealed = true
+	return c.txUsed
+}
+
+// Complete records o (complete) and calls done before it returns.
+func (c *rowLockClaim) Complete(ctx context.Context, o core.Outcome, done func(error)) {
+	done(c.complete(ctx, o))
+}
+
+// complete runs the completion statement in the delivery's transaction and
 // commits. A failed handler's writes through Delivery.Tx are rolled back to
 // the savepoint first. Any error rolls everything back: the row is
 // claimable again with its attempt unchanged. When the dialect chains
 // commits and the handler never asked for the transaction, the commit
 // chains and the transaction waits for the worker's next claim.
-func (c *rowLockClaim) Complete(ctx context.Context, o core.Outcome) error {
+func (c *rowLockClaim) complete(ctx context.Context, o core.Outcome) error {
 	t := c.t
+	used := c.seal()
 	if o.Kind == core.Released {
 		defer t.cancel()
 		return t.tx.Rollback()
 	}
-	used := c.d.SealTx()
 	if o.Kind != core.Succeeded && used {
 		if _, err := t.tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT "+savepoint); err != nil {
 			t.rollback()
@@ -413,7 +447,7 @@ func (c *rowLockClaim) Complete(ctx context.Context, o core.Outcome) error {
 		}
 	}
 	q, args := c.f.completion(o, true, false, "")
-	if err := c.f.exec(ctx, t, q, append(args, c.d.ID())); err != nil {
+	if err := c.f.exec(ctx, t, q, append(args, c.row.ID)); err != nil {
 		t.rollback()
 		return fmt.Errorf("sqlxbroker: row-lock completion (%s): %w", o.Kind, err)
 	}

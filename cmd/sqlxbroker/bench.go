@@ -144,11 +144,11 @@ func benchCmd(args []string) error {
 }
 
 // benchForms reads --form: "all" is every form d offers.
-func benchForms(s string, d core.Dialect) ([]core.Form, error) {
+func benchForms(s string, d core.Dialect) ([]sqlxbroker.Form, error) {
 	if s == "all" {
 		return core.FormsOf(d), nil
 	}
-	var out []core.Form
+	var out []sqlxbroker.Form
 	for _, name := range strings.Split(s, ",") {
 		f := formByName(strings.TrimSpace(name))
 		if f == 0 {
@@ -160,7 +160,7 @@ func benchForms(s string, d core.Dialect) ([]core.Form, error) {
 }
 
 // formByName returns the form whose String is name, 0 for none.
-func formByName(name string) core.Form {
+func formByName(name string) sqlxbroker.Form {
 	for _, f := range core.Forms {
 		if f.String() == name {
 			return f

@@ -33,7 +33,7 @@ func conformanceCmd(args []string) error {
 	driver := fs.String("driver", "", "database/sql driver name: "+strings.Join(sqlxbroker.Dialects(), ", "))
 	dsn := fs.String("dsn", "", "data source name of a database the suite may create tables in")
 	short := fs.Bool("short", false, "scaled-down volumes")
-	var expect []core.Form
+	var expect []sqlxbroker.Form
 	expectSet := false
 	fs.Func("expect-refused", "comma-separated forms the server must refuse with ErrServerTooOld, e.g. advisory (\"none\": none); the run fails unless exactly these are refused", func(s string) error {
 		fl, err := parseForms(s)
@@ -60,7 +60,7 @@ func conformanceCmd(args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	err = db.PingContext(ctx)
-	var refused map[core.Form]error
+	var refused map[sqlxbroker.Form]error
 	if err == nil {
 		refused, err = refusedForms(ctx, tg.Dialect, db)
 	}
@@ -100,7 +100,7 @@ func conformanceCmd(args []string) error {
 	})
 	err = printTable(results, refused)
 	if expectSet {
-		var got []core.Form
+		var got []sqlxbroker.Form
 		for _, f := range core.Forms {
 			if refused[f] != nil {
 				got = append(got, f)
@@ -117,10 +117,10 @@ func conformanceCmd(args []string) error {
 
 // refusedForms asks the dialect's ServerChecker, for each offered form,
 // whether the server is too old for it: the forms it refuses with
-// core.ErrServerTooOld, with the refusal. Any other failure of the check is
+// sqlxbroker.ErrServerTooOld, with the refusal. Any other failure of the check is
 // returned: no scenario could pass on such a connection.
-func refusedForms(ctx context.Context, d core.Dialect, db *sqlx.DB) (map[core.Form]error, error) {
-	out := map[core.Form]error{}
+func refusedForms(ctx context.Context, d core.Dialect, db *sqlx.DB) (map[sqlxbroker.Form]error, error) {
+	out := map[sqlxbroker.Form]error{}
 	c := core.CapabilitiesOf(d).ServerChecker
 	if c == nil {
 		return out, nil
@@ -128,7 +128,7 @@ func refusedForms(ctx context.Context, d core.Dialect, db *sqlx.DB) (map[core.Fo
 	for _, f := range core.FormsOf(d) {
 		err := c.CheckServer(ctx, db, f)
 		switch {
-		case errors.Is(err, core.ErrServerTooOld):
+		case errors.Is(err, sqlxbroker.ErrServerTooOld):
 			out[f] = err
 		case err != nil:
 			return nil, fmt.Errorf("check the server for the %s form: %w", f, err)
@@ -139,8 +139,8 @@ func refusedForms(ctx context.Context, d core.Dialect, db *sqlx.DB) (map[core.Fo
 
 // parseForms reads a comma-separated list of form names; "" and "none" are
 // the empty list.
-func parseForms(s string) ([]core.Form, error) {
-	var out []core.Form
+func parseForms(s string) ([]sqlxbroker.Form, error) {
+	var out []sqlxbroker.Form
 	for _, name := range strings.Split(s, ",") {
 		name = strings.TrimSpace(name)
 		if name == "" || name == "none" {
@@ -160,7 +160,7 @@ func parseForms(s string) ([]core.Form, error) {
 }
 
 // formNames renders forms in core.Forms order, "none" for none.
-func formNames(fl []core.Form) string {
+func formNames(fl []sqlxbroker.Form) string {
 	var names []string
 	for _, f := range core.Forms {
 		for _, g := range fl {
@@ -176,7 +176,7 @@ func formNames(fl []core.Form) string {
 	return strings.Join(names, ",")
 }
 
-func formName(f core.Form) string {
+func formName(f sqlxbroker.Form) string {
 	if f == 0 {
 		return "-"
 	}
@@ -189,7 +189,7 @@ func formName(f core.Form) string {
 //
 // and fails when any scenario failed. A refused form is "refused" when the
 // version gate passed (the refusal is ErrServerTooOld), else FAIL.
-func printTable(results []conformance.Result, refused map[core.Form]error) error {
+func printTable(results []conformance.Result, refused map[sqlxbroker.Form]error) error {
 	var scenarios []string
 	seen := map[string]bool{}
 	cell := map[string]string{}
@@ -231,7 +231,7 @@ func printTable(results []conformance.Result, refused map[core.Form]error) error
 		took              time.Duration
 		unavailable       bool
 	}
-	per := map[core.Form]*sum{}
+	per := map[sqlxbroker.Form]*sum{}
 	for _, r := range results {
 		if r.Status == "fail" {
 			failed++

@@ -36,7 +36,7 @@ package main
 //  4. audit: see soak_audit.go.
 //
 // SQLite: its advisory keys live in one process per database file, and a
-// second process is refused with core.ErrAdvisoryConflict by design, so
+// second process is refused with sqlxbroker.ErrAdvisoryConflict by design, so
 // exactly one worker (worker 1 when there are two or more, so that it is
 // killed too) subscribes to the advisory table; every worker publishes to
 // it. SQLite has no server: no session terminations, no restart.
@@ -205,7 +205,7 @@ type workerConfig struct {
 // fenced deletes).
 type soakVariant struct {
 	Name   string // names the table and its messages in the ledgers
-	Form   core.Form
+	Form   sqlxbroker.Form
 	Delete bool
 }
 
@@ -213,13 +213,13 @@ func (v soakVariant) String() string { return v.Name }
 
 // soakVariants are the tables for forms: one per form keeping done rows,
 // and for the lease form one that deletes them.
-func soakVariants(forms []core.Form) []soakVariant {
+func soakVariants(forms []sqlxbroker.Form) []soakVariant {
 	var out []soakVariant
 	for _, f := range forms {
 		out = append(out, soakVariant{Name: f.String(), Form: f})
 	}
 	for _, f := range forms {
-		if f == core.Lease {
+		if f == sqlxbroker.Lease {
 			out = append(out, soakVariant{Name: "lease-delete", Form: f, Delete: true})
 		}
 	}
@@ -239,16 +239,16 @@ func variantNamed(name string) (soakVariant, bool) {
 // soakTable is the description of v's table: failed rows retry (ReadyAt),
 // rows failing MaxAttempts times are kept dead, done rows are kept (DoneAt)
 // unless v deletes them.
-func soakTable(prefix string, v soakVariant, lease time.Duration, maxAttempts int) core.Table {
-	t := core.Table{Name: prefix + "_" + strings.NewReplacer("-", "").Replace(v.Name),
+func soakTable(prefix string, v soakVariant, lease time.Duration, maxAttempts int) sqlxbroker.Table {
+	t := sqlxbroker.Table{Name: prefix + "_" + strings.NewReplacer("-", "").Replace(v.Name),
 		ReadyAt: "ready_at", DeadAt: "dead_at", MaxAttempts: maxAttempts}
 	if !v.Delete {
 		t.DoneAt = "done_at"
 	}
 	switch v.Form {
-	case core.Lease:
+	case sqlxbroker.Lease:
 		t.LockedUntil, t.Lease = "locked_until", lease
-	case core.Advisory:
+	case sqlxbroker.Advisory:
 		t.AdvisoryLock = "acct-{account}"
 	}
 	return t
@@ -350,12 +350,12 @@ func workerAppName(runID string, i int) string {
 
 // workerStats is the line a worker prints on stdout every half second.
 type workerStats struct {
-	W          int                   `json:"w"`
-	Pid        int                   `json:"pid"`
-	Subscribed map[string]bool       `json:"subscribed"`
-	Forms      map[string]core.Stats `json:"forms"`
-	Published  map[string]int64      `json:"published"`
-	Final      bool                  `json:"final,omitempty"`
+	W          int                         `json:"w"`
+	Pid        int                         `json:"pid"`
+	Subscribed map[string]bool             `json:"subscribed"`
+	Forms      map[string]sqlxbroker.Stats `json:"forms"`
+	Published  map[string]int64            `json:"published"`
+	Final      bool                        `json:"final,omitempty"`
 }
 
 // worker is one worker slot; its process is replaced when killed.
@@ -509,7 +509,7 @@ func runSoak(ctx context.Context, c soakConfig) (*soakReport, error) {
 			// One process per database file may hold in-process keys.
 			advisoryWorker := min(1, c.Workers-1)
 			if i != advisoryWorker {
-				sub = slices.DeleteFunc(sub, func(s string) bool { v, _ := variantNamed(s); return v.Form == core.Advisory })
+				sub = slices.DeleteFunc(sub, func(s string) bool { v, _ := variantNamed(s); return v.Form == sqlxbroker.Advisory })
 			}
 		}
 		lf, err := os.OpenFile(filepath.Join(c.LogDir, fmt.Sprintf("worker-%d.log", i)), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -706,7 +706,7 @@ func runSoak(ctx context.Context, c soakConfig) (*soakReport, error) {
 	for _, w := range workers {
 		base[w.idx] = map[string]int64{}
 	}
-	outcomes := func(st core.Stats) int64 { return st.Succeeded + st.Retried + st.Dead }
+	outcomes := func(st sqlxbroker.Stats) int64 { return st.Succeeded + st.Retried + st.Dead }
 	waiting := func() []string {
 		var out []string
 		for _, w := range workers {
@@ -877,7 +877,7 @@ func progress(ctx context.Context, db *sqlx.DB, c soakConfig, forms []soakVarian
 }
 
 // unfinished is the condition that a row of t is neither done nor dead.
-func unfinished(t core.Table) string {
+func unfinished(t sqlxbroker.Table) string {
 	if t.DoneAt == "" {
 		return "dead_at IS NULL"
 	}

@@ -37,6 +37,7 @@ import (
 	"strings"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/core"
 )
 
@@ -210,7 +211,7 @@ func auditForm(f soakVariant, a *auditData) (formReport, []string) {
 		r.FailedRuns += a.failRuns[m]
 		finishing := a.outcomes[m]["succeeded"] + a.outcomes[m]["dead"]
 		processed := ok > 0
-		if f.Form == core.RowLock {
+		if f.Form == sqlxbroker.RowLock {
 			processed = effects > 0
 		}
 		// completed counts a finished row (deleted, or marked done) and

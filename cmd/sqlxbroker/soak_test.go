@@ -171,7 +171,7 @@ func TestSoakAudit(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := soakConfig{Driver: "sqlite", Prefix: "audit", Lease: time.Second, MaxAttempts: 3}
-	lease := soakVariant{Name: "lease", Form: core.Lease}
+	lease := soakVariant{Name: "lease", Form: sqlxbroker.Lease}
 	if err := createSoakTables(ctx, b, c, []soakVariant{lease}); err != nil {
 		t.Fatal(err)
 	}
@@ -278,7 +278,7 @@ func TestSoakAuditRowLock(t *testing.T) {
 	plant("no-effect", done, 1, 0, "succeeded")
 	plant("dead-effect", dead, 0, 1, "dead")
 	plant("pending-effect", pending, 1, 1, "")
-	r, v := auditForm(soakVariant{Name: "row-lock", Form: core.RowLock}, a)
+	r, v := auditForm(soakVariant{Name: "row-lock", Form: sqlxbroker.RowLock}, a)
 	want := formReport{Form: "row-lock", Published: 6, Rows: 6, Completed: 4, Dead: 1, Pending: 1, CompletedTwice: 1,
 		Lost: 1, Other: 2, Runs: 7, ExtraRuns: 2}
 	if r != want {
@@ -307,7 +307,7 @@ func TestSoakAuditDeleted(t *testing.T) {
 	plant("deleted-without-run", nil, 0, map[string]int{"succeeded": 1})
 	plant("dead", []rowState{{dead: true}}, 0, map[string]int{"dead": 1})
 	plant("pending", []rowState{{}}, 0, nil)
-	r, v := auditForm(soakVariant{Name: "lease-delete", Form: core.Lease, Delete: true}, a)
+	r, v := auditForm(soakVariant{Name: "lease-delete", Form: sqlxbroker.Lease, Delete: true}, a)
 	want := formReport{Form: "lease-delete", Published: 7, Rows: 2, Completed: 4, Dead: 1, Pending: 1, CompletedTwice: 1,
 		Lost: 1, Runs: 6, ExtraRuns: 2, Unrecorded: 1}
 	if r != want {

@@ -17,7 +17,6 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/sqlxbroker/sqlxbroker"
-	"github.com/sqlxbroker/sqlxbroker/core"
 	"github.com/sqlxbroker/sqlxbroker/dialects/postgres"
 )
 
@@ -129,12 +128,12 @@ type soakWorkerState struct {
 	published map[string]*atomic.Int64
 }
 
-func (w *soakWorkerState) table(f soakVariant) core.Table {
+func (w *soakWorkerState) table(f soakVariant) sqlxbroker.Table {
 	return soakTable(w.cfg.Prefix, f, w.cfg.Lease, w.cfg.MaxAttempts)
 }
 
 func (w *soakWorkerState) printStats(final bool) {
-	st := workerStats{W: w.cfg.Index, Pid: w.pid, Subscribed: map[string]bool{}, Forms: map[string]core.Stats{},
+	st := workerStats{W: w.cfg.Index, Pid: w.pid, Subscribed: map[string]bool{}, Forms: map[string]sqlxbroker.Stats{},
 		Published: map[string]int64{}, Final: final}
 	w.mu.Lock()
 	for name, s := range w.subs {
@@ -278,7 +277,7 @@ func (w *soakWorkerState) handler(f soakVariant) sqlxbroker.Handler {
 			_ = record(ctx, &m, d.Attempt(), 0)
 			return fmt.Errorf("soak: %s: simulated failure on attempt %d", m.Msg, d.Attempt())
 		}
-		if f.Form == core.RowLock {
+		if f.Form == sqlxbroker.RowLock {
 			tx, err := d.Tx()
 			if err != nil {
 				return err
@@ -301,12 +300,12 @@ func (w *soakWorkerState) handler(f soakVariant) sqlxbroker.Handler {
 // worker killed or a database away before it lands leaves the completion
 // unrecorded (counted, not a violation). Each record carries a rec unique
 // to the call, so a retry after a lost commit reply is not a second outcome.
-func (w *soakWorkerState) onOutcome(f soakVariant) func(*sqlxbroker.Delivery, core.Outcome, error) {
+func (w *soakWorkerState) onOutcome(f soakVariant) func(*sqlxbroker.Delivery, sqlxbroker.Outcome, error) {
 	_, _, _, outcomes := ledgers(w.cfg.Prefix)
 	q := w.db.Rebind("INSERT INTO " + outcomes + " (form, msg, kind, rec, worker, pid) VALUES (?, ?, ?, ?, ?, ?)")
 	var recs atomic.Int64
-	return func(d *sqlxbroker.Delivery, o core.Outcome, err error) {
-		if err != nil || (o.Kind != core.Succeeded && o.Kind != core.Dead) {
+	return func(d *sqlxbroker.Delivery, o sqlxbroker.Outcome, err error) {
+		if err != nil || (o.Kind != sqlxbroker.Succeeded && o.Kind != sqlxbroker.Dead) {
 			return
 		}
 		var m soakMsg

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/sqlxbroker/sqlxbroker"
-	"github.com/sqlxbroker/sqlxbroker/core"
+	"github.com/sqlxbroker/sqlxbroker/conformance"
 	sxbforms "github.com/sqlxbroker/sqlxbroker/forms"
 )
 
@@ -19,7 +19,7 @@ import (
 // subscription's keys (found with IS_USED_LOCK) while its handlers run:
 // every handler's context must be cancelled (the holder's ping notices
 // within about a second), their completions must change nothing
-// (core.ErrLeaseLost), and the rows must come back with the attempt counted
+// (sqlxbroker.ErrLeaseLost), and the rows must come back with the attempt counted
 // and complete once.
 func TestAdvisoryHolderLost(t *testing.T) {
 	dsn := testDSN(t)
@@ -57,7 +57,7 @@ func TestAdvisoryHolderLost(t *testing.T) {
 	s := subscribe(t, b, tbl, h, sqlxbroker.SubscribeParams{
 		Concurrency: n, PollInterval: 100 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		OnOutcome: func(d *sqlxbroker.Delivery, o core.Outcome, err error) {
+		OnOutcome: func(d *sqlxbroker.Delivery, o sqlxbroker.Outcome, err error) {
 			if err != nil {
 				mu.Lock()
 				lost = append(lost, err)
@@ -107,8 +107,8 @@ func TestAdvisoryHolderLost(t *testing.T) {
 		t.Errorf("stats %+v: want %d lost and %d succeeded", st, n, n)
 	}
 	for _, err := range lost {
-		if !errors.Is(err, core.ErrLeaseLost) {
-			t.Errorf("a lost delivery's completion returned %v, want core.ErrLeaseLost", err)
+		if !errors.Is(err, sqlxbroker.ErrLeaseLost) {
+			t.Errorf("a lost delivery's completion returned %v, want sqlxbroker.ErrLeaseLost", err)
 		}
 	}
 }
@@ -131,7 +131,7 @@ func TestKeySessionLockWaitReset(t *testing.T) {
 		t.Fatalf("claimed %d rows (%v), want 3", len(cs), err)
 	}
 	for _, c := range cs {
-		if err := c.Complete(ctx, core.Outcome{Kind: core.Succeeded}); err != nil {
+		if err := conformance.Complete(ctx, c, sqlxbroker.Outcome{Kind: sqlxbroker.Succeeded}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -212,7 +212,7 @@ var versionRE = regexp.MustCompile(`^(\d+)\.(\d+)\.(\d+)`)
 func isMariaDB(version string) bool { return strings.Contains(strings.ToLower(version), "mariadb") }
 
 // checkVersion decides whether a server reporting version (SELECT VERSION())
-// is new enough: nil, a *core.VersionError, or an error for a version it
+// is new enough: nil, a *sqlxbroker.VersionError, or an error for a version it
 // cannot read.
 func checkVersion(version string, form core.Form) error {
 	server, need := "MySQL", minMySQL
@@ -234,7 +234,7 @@ func checkVersion(version string, form core.Form) error {
 			if got[i] > need[i] {
 				return nil
 			}
-			return &core.VersionError{Server: server, Found: m[0], Form: form,
+			return &sqlxbroker.VersionError{Server: server, Found: m[0], Form: form,
 				Need:   fmt.Sprintf("%d.%d.%d", need[0], need[1], need[2]),
 				Reason: "the first release with SELECT .. FOR UPDATE SKIP LOCKED"}
 		}
@@ -246,37 +246,37 @@ func checkVersion(version string, form core.Form) error {
 const columnType = `SELECT DATA_TYPE, COALESCE(DATETIME_PRECISION, -1) FROM information_schema.COLUMNS
 WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? AND COLUMN_NAME = ?`
 
-// CheckTable fails with a *core.TableError for a FIFO table with SERIALIZABLE
+// CheckTable fails with a *sqlxbroker.TableError for a FIFO table with SERIALIZABLE
 // claims (their plain reads wait for held rows), and when the lease column
 // is not DATETIME(6): the deadline it stores is the delivery token, compared
 // for equality, so it must keep microseconds and undergo no time zone
 // conversion. A column the lookup does not find is left to Plan.CheckLive.
 func (Dialect) CheckTable(ctx context.Context, db *sqlx.DB, p *core.Plan) error {
-	if p.Table.Group != "" && p.Table.Isolation == sql.LevelSerializable {
-		return &core.TableError{Table: p.Table.Name, Field: "Isolation",
+	if p.Group != "" && p.Isolation == sql.LevelSerializable {
+		return &sqlxbroker.TableError{Table: p.Table, Field: "Isolation",
 			Reason: "a FIFO table cannot claim at SERIALIZABLE on MySQL/MariaDB: InnoDB makes the plain reads of the group locking reads that wait for rows in work; use READ COMMITTED (the default) or REPEATABLE READ"}
 	}
-	if p.Table.LockedUntil == "" {
+	if p.LockedUntil == "" {
 		return nil
 	}
 	var schema any
-	name := p.Table.Name
+	name := p.Table
 	if s, n, ok := strings.Cut(name, "."); ok {
 		schema, name = s, n
 	}
 	var typ string
 	var prec int
-	err := db.QueryRowxContext(ctx, columnType, schema, name, p.Table.LockedUntil).Scan(&typ, &prec)
+	err := db.QueryRowxContext(ctx, columnType, schema, name, p.LockedUntil).Scan(&typ, &prec)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return nil
 	case err != nil:
-		return fmt.Errorf("sqlxbroker: mysql: read the type of %s.%s: %w", p.Table.Name, p.Table.LockedUntil, err)
+		return fmt.Errorf("sqlxbroker: mysql: read the type of %s.%s: %w", p.Table, p.LockedUntil, err)
 	case strings.EqualFold(typ, "datetime") && prec == 6:
 		return nil
 	}
-	return &core.TableError{Table: p.Table.Name, Field: "LockedUntil",
-		Reason: fmt.Sprintf("column %q is %s(%d): the lease deadline is compared exactly, so the column must be DATETIME(6)", p.Table.LockedUntil, typ, max(prec, 0))}
+	return &sqlxbroker.TableError{Table: p.Table, Field: "LockedUntil",
+		Reason: fmt.Sprintf("column %q is %s(%d): the lease deadline is compared exactly, so the column must be DATETIME(6)", p.LockedUntil, typ, max(prec, 0))}
 }
 
 // ---- lease ----
@@ -481,13 +481,12 @@ var (
 // byte-wise (utf8mb4_bin), as groups and keys do in Go.
 func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	pl := p.Plan
-	t := &pl.Table
 	special := map[string]string{} // lower-cased name: why it is indexed
-	if t.Order != "" {
-		special[strings.ToLower(t.Order)] = "order"
+	if !strings.EqualFold(pl.Order, pl.ID) {
+		special[strings.ToLower(pl.Order)] = "order"
 	}
-	if t.Group != "" {
-		special[strings.ToLower(t.Group)] = "group"
+	if pl.Group != "" {
+		special[strings.ToLower(pl.Group)] = "group"
 	}
 	if pl.Key != nil {
 		for _, c := range pl.Key.Columns() {
@@ -495,7 +494,7 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 		}
 	}
 	cols := []string{pl.QID + " BIGINT AUTO_INCREMENT PRIMARY KEY", pl.QAttempt + " INT NOT NULL DEFAULT 1"}
-	seen := map[string]bool{strings.ToLower(t.IDColumn()): true, strings.ToLower(t.AttemptColumn()): true}
+	seen := map[string]bool{strings.ToLower(pl.ID): true, strings.ToLower(pl.Attempt): true}
 	add := func(name, typ string) {
 		if l := strings.ToLower(name); !seen[l] {
 			seen[l] = true
@@ -518,21 +517,21 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	for _, c := range pl.TimeColumns() {
 		add(c, "DATETIME(6) NULL")
 	}
-	if t.Order != "" {
-		add(t.Order, "BIGINT")
+	if !strings.EqualFold(pl.Order, pl.ID) {
+		add(pl.Order, "BIGINT")
 	}
-	if t.Group != "" {
-		add(t.Group, "VARCHAR(255) NULL")
+	if pl.Group != "" {
+		add(pl.Group, "VARCHAR(255) NULL")
 	}
 	if pl.Key != nil {
 		for _, c := range pl.Key.Columns() {
 			add(c, "VARCHAR(255) NULL")
 		}
 	}
-	if t.Order != "" && !strings.EqualFold(t.Order, t.IDColumn()) {
+	if !strings.EqualFold(pl.Order, pl.ID) {
 		cols = append(cols, "INDEX `sqlxbroker_order` ("+pl.QOrder+")")
 	}
-	if t.Group != "" {
+	if pl.Group != "" {
 		cols = append(cols, "INDEX `sqlxbroker_fifo` ("+pl.QGroup+", "+pl.QOrder+")")
 	}
 	return []string{"CREATE TABLE IF NOT EXISTS " + pl.QTable + " (\n  " + strings.Join(cols, ",\n  ") +

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sqlxbroker/sqlxbroker"
+	"github.com/sqlxbroker/sqlxbroker/conformance"
 	"github.com/sqlxbroker/sqlxbroker/core"
 	"github.com/sqlxbroker/sqlxbroker/dialects/mysql"
 )
@@ -32,26 +33,26 @@ func TestCheckVersion(t *testing.T) {
 		{"11.4.2-MariaDB", "", "", ""},
 		{"5.5.5-10.5.27-MariaDB", "MariaDB", "10.5.27", "10.6.0"},
 	} {
-		err := mysql.CheckVersion(c.version, core.Lease)
+		err := mysql.CheckVersion(c.version, sqlxbroker.Lease)
 		if c.need == "" {
 			if err != nil {
 				t.Errorf("%s: %v, want nil", c.version, err)
 			}
 			continue
 		}
-		var ve *core.VersionError
-		if !errors.Is(err, core.ErrServerTooOld) || !errors.As(err, &ve) {
-			t.Errorf("%s: %v, want a *core.VersionError", c.version, err)
+		var ve *sqlxbroker.VersionError
+		if !errors.Is(err, sqlxbroker.ErrServerTooOld) || !errors.As(err, &ve) {
+			t.Errorf("%s: %v, want a *sqlxbroker.VersionError", c.version, err)
 			continue
 		}
-		if ve.Server != c.server || ve.Found != c.found || ve.Need != c.need || ve.Form != core.Lease {
+		if ve.Server != c.server || ve.Found != c.found || ve.Need != c.need || ve.Form != sqlxbroker.Lease {
 			t.Errorf("%s: %+v, want %s %s < %s", c.version, ve, c.server, c.found, c.need)
 		}
 		if !strings.Contains(err.Error(), c.found) || !strings.Contains(err.Error(), c.need) {
 			t.Errorf("%s: message %q names neither found nor needed version", c.version, err)
 		}
 	}
-	if err := mysql.CheckVersion("banana", core.RowLock); err == nil || errors.Is(err, core.ErrServerTooOld) {
+	if err := mysql.CheckVersion("banana", sqlxbroker.RowLock); err == nil || errors.Is(err, sqlxbroker.ErrServerTooOld) {
 		t.Errorf("unreadable version: %v, want a plain error", err)
 	}
 }
@@ -84,8 +85,8 @@ func TestContention(t *testing.T) {
 				return nil
 			}
 			p := sqlxbroker.SubscribeParams{Concurrency: 4, PollInterval: 50 * time.Millisecond,
-				OnOutcome: func(d *sqlxbroker.Delivery, o core.Outcome, err error) {
-					if err == nil && o.Kind == core.Succeeded {
+				OnOutcome: func(d *sqlxbroker.Delivery, o sqlxbroker.Outcome, err error) {
+					if err == nil && o.Kind == sqlxbroker.Succeeded {
 						done.Add(1)
 					} else {
 						failed.Add(1)
@@ -192,8 +193,8 @@ func TestSkipNotWait(t *testing.T) {
 			}
 			got := map[int64]bool{}
 			for _, c := range claims {
-				got[nOf(t, c.Delivery())] = true
-				if err := c.Complete(context.Background(), core.Outcome{Kind: core.Released}); err != nil {
+				got[nOf(t, sqlxbroker.NewDelivery(c))] = true
+				if err := conformance.Complete(context.Background(), c, sqlxbroker.Outcome{Kind: sqlxbroker.Released}); err != nil {
 					t.Error(err)
 				}
 			}
@@ -230,7 +231,7 @@ func TestCrashRecovery(t *testing.T) {
 				t.Fatalf("claim: %v %v", cs, err)
 			}
 			c := cs[0]
-			if a := c.Delivery().Attempt(); a != 1 {
+			if a := sqlxbroker.NewDelivery(c).Attempt(); a != 1 {
 				t.Fatalf("first delivery reports attempt %d", a)
 			}
 			kill := func(id int64) {
@@ -241,7 +242,7 @@ func TestCrashRecovery(t *testing.T) {
 			wantAttempt, within := 2, time.Second
 			switch fc.name {
 			case "RowLock":
-				tx, err := c.Delivery().Tx()
+				tx, err := sqlxbroker.NewDelivery(c).Tx()
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -253,8 +254,8 @@ func TestCrashRecovery(t *testing.T) {
 				wantAttempt = 1
 			case "Advisory":
 				var id sql.NullInt64
-				if err := db2.Get(&id, "SELECT IS_USED_LOCK(CONCAT(DATABASE(), ':', ?))", c.Delivery().Key()); err != nil || !id.Valid {
-					t.Fatalf("holder of %q: %v %v", c.Delivery().Key(), id, err)
+				if err := db2.Get(&id, "SELECT IS_USED_LOCK(CONCAT(DATABASE(), ':', ?))", sqlxbroker.NewDelivery(c).Key()); err != nil || !id.Valid {
+					t.Fatalf("holder of %q: %v %v", sqlxbroker.NewDelivery(c).Key(), id, err)
 				}
 				kill(id.Int64)
 			case "Lease":
@@ -266,24 +267,24 @@ func TestCrashRecovery(t *testing.T) {
 			}
 			c2 := claimWithin(t, fb, within)
 			back := time.Since(claimed)
-			if a := c2.Delivery().Attempt(); a != wantAttempt {
+			if a := sqlxbroker.NewDelivery(c2).Attempt(); a != wantAttempt {
 				t.Errorf("redelivery reports attempt %d, want %d", a, wantAttempt)
 			}
 			if fc.name == "Lease" && back < time.Second {
 				t.Errorf("row back after %v, before its 1s lease ran out", back)
 			}
-			if err := c2.Complete(context.Background(), core.Outcome{Kind: core.Succeeded}); err != nil {
+			if err := conformance.Complete(context.Background(), c2, sqlxbroker.Outcome{Kind: sqlxbroker.Succeeded}); err != nil {
 				t.Error(err)
 			}
 			if fc.name != "Lease" { // a crashed lease holder never completes
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				_ = c.Complete(ctx, core.Outcome{Kind: core.Succeeded}) // fails: its session is gone
+				_ = conformance.Complete(ctx, c, sqlxbroker.Outcome{Kind: sqlxbroker.Succeeded}) // fails: its session is gone
 				cancel()
 			}
 			if n := count(t, db1, tbl, "1=1"); n != 0 {
 				t.Errorf("%d rows left", n)
 			}
-			t.Logf("%s: row back %v after the claim, attempt %d", fc.name, back.Round(time.Millisecond), c2.Delivery().Attempt())
+			t.Logf("%s: row back %v after the claim, attempt %d", fc.name, back.Round(time.Millisecond), sqlxbroker.NewDelivery(c2).Attempt())
 		})
 	}
 }
@@ -335,11 +336,11 @@ func TestFIFOTwoBrokers(t *testing.T) {
 				return nil
 			}
 			p := sqlxbroker.SubscribeParams{Concurrency: 4, PollInterval: 20 * time.Millisecond,
-				OnOutcome: func(d *sqlxbroker.Delivery, o core.Outcome, err error) {
+				OnOutcome: func(d *sqlxbroker.Delivery, o sqlxbroker.Outcome, err error) {
 					if err != nil {
 						t.Errorf("completion: %v", err)
 					}
-					if o.Kind == core.Succeeded {
+					if o.Kind == sqlxbroker.Succeeded {
 						done.Add(1)
 					}
 				}}
@@ -425,18 +426,18 @@ func TestAdvisoryKeyAcrossTables(t *testing.T) {
 		t.Fatalf("claim a: %v %v", ca, err)
 	}
 	cb, err := fb.Claim(ctx, 5)
-	if err != nil || len(cb) != 1 || nOf(t, cb[0].Delivery()) != 3 {
+	if err != nil || len(cb) != 1 || nOf(t, sqlxbroker.NewDelivery(cb[0])) != 3 {
 		t.Fatalf("claim b while acct-x is held by table a: %v %v, want only n=3", cb, err)
 	}
-	if err := ca[0].Complete(ctx, core.Outcome{Kind: core.Succeeded}); err != nil {
+	if err := conformance.Complete(ctx, ca[0], sqlxbroker.Outcome{Kind: sqlxbroker.Succeeded}); err != nil {
 		t.Fatal(err)
 	}
 	c := claimWithin(t, fb, time.Second)
-	if n := nOf(t, c.Delivery()); n != 2 {
+	if n := nOf(t, sqlxbroker.NewDelivery(c)); n != 2 {
 		t.Errorf("after release claimed n=%d, want 2", n)
 	}
 	for _, c := range append(cb, c) {
-		if err := c.Complete(ctx, core.Outcome{Kind: core.Succeeded}); err != nil {
+		if err := conformance.Complete(ctx, c, sqlxbroker.Outcome{Kind: sqlxbroker.Succeeded}); err != nil {
 			t.Error(err)
 		}
 	}
@@ -455,7 +456,7 @@ func TestAdvisoryLongKey(t *testing.T) {
 	f1, f2 := startForm(t, b1, tbl), startForm(t, b2, tbl)
 	ctx := context.Background()
 	c1, err := f1.Claim(ctx, 1)
-	if err != nil || len(c1) != 1 || nOf(t, c1[0].Delivery()) != 1 {
+	if err != nil || len(c1) != 1 || nOf(t, sqlxbroker.NewDelivery(c1[0])) != 1 {
 		t.Fatalf("claim 1: %v %v", c1, err)
 	}
 	var database string
@@ -468,18 +469,18 @@ func TestAdvisoryLongKey(t *testing.T) {
 		t.Fatalf("lock name of the 100-character key is not its SHA-256: %v %v", holder, err)
 	}
 	c2, err := f2.Claim(ctx, 3)
-	if err != nil || len(c2) != 1 || nOf(t, c2[0].Delivery()) != 3 {
+	if err != nil || len(c2) != 1 || nOf(t, sqlxbroker.NewDelivery(c2[0])) != 3 {
 		t.Fatalf("second broker claimed %v (%v), want only n=3 (same key as n=1: n=2)", c2, err)
 	}
-	if err := c1[0].Complete(ctx, core.Outcome{Kind: core.Succeeded}); err != nil {
+	if err := conformance.Complete(ctx, c1[0], sqlxbroker.Outcome{Kind: sqlxbroker.Succeeded}); err != nil {
 		t.Fatal(err)
 	}
 	c3 := claimWithin(t, f2, time.Second)
-	if n := nOf(t, c3.Delivery()); n != 2 {
+	if n := nOf(t, sqlxbroker.NewDelivery(c3)); n != 2 {
 		t.Errorf("after release claimed n=%d, want 2", n)
 	}
 	for _, c := range []core.Claim{c2[0], c3} {
-		if err := c.Complete(ctx, core.Outcome{Kind: core.Succeeded}); err != nil {
+		if err := conformance.Complete(ctx, c, sqlxbroker.Outcome{Kind: sqlxbroker.Succeeded}); err != nil {
 			t.Error(err)
 		}
 	}
@@ -550,11 +551,11 @@ func TestLeaseDSN(t *testing.T) {
 			}
 			s := subscribe(t, b, tbl, h, sqlxbroker.SubscribeParams{PollInterval: 20 * time.Millisecond,
 				RetryDelay: func(int) time.Duration { return 300 * time.Millisecond },
-				OnOutcome: func(d *sqlxbroker.Delivery, o core.Outcome, err error) {
+				OnOutcome: func(d *sqlxbroker.Delivery, o sqlxbroker.Outcome, err error) {
 					if err != nil {
 						t.Errorf("row %v: %v: %v", d.ID(), o.Kind, err)
 					}
-					if o.Kind == core.Succeeded {
+					if o.Kind == sqlxbroker.Succeeded {
 						done.Add(1)
 					}
 				}})
@@ -597,13 +598,13 @@ func TestRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := b.Subscribe(context.Background(), tbl, h, sqlxbroker.SubscribeParams{})
-	if !errors.Is(err, core.ErrInvalidTable) || !strings.Contains(err.Error(), "DATETIME(6)") {
+	if !errors.Is(err, sqlxbroker.ErrInvalidTable) || !strings.Contains(err.Error(), "DATETIME(6)") {
 		t.Errorf("DATETIME lease column: Subscribe: %v, want ErrInvalidTable asking for DATETIME(6)", err)
 	}
 
 	fifo := newTable(t, b, sqlxbroker.Table{Group: "grp", Isolation: sql.LevelSerializable}, payload...)
 	_, err = b.Subscribe(context.Background(), fifo, h, sqlxbroker.SubscribeParams{})
-	if !errors.Is(err, core.ErrInvalidTable) || !strings.Contains(err.Error(), "SERIALIZABLE") {
+	if !errors.Is(err, sqlxbroker.ErrInvalidTable) || !strings.Contains(err.Error(), "SERIALIZABLE") {
 		t.Errorf("FIFO at SERIALIZABLE: Subscribe: %v, want ErrInvalidTable naming SERIALIZABLE", err)
 	}
 
@@ -632,7 +633,7 @@ func TestClaimIsolation(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			db := openDB(t, c.dsn)
-			if err := (mysql.Dialect{}).CheckServer(context.Background(), db, core.RowLock); err != nil {
+			if err := (mysql.Dialect{}).CheckServer(context.Background(), db, sqlxbroker.RowLock); err != nil {
 				t.Fatal(err)
 			}
 			writer := openDB(t, base)

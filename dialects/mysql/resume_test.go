@@ -11,7 +11,6 @@ import (
 
 	driver "github.com/go-sql-driver/mysql"
 	"github.com/sqlxbroker/sqlxbroker"
-	"github.com/sqlxbroker/sqlxbroker/core"
 )
 
 // TestResumeAfterSessionLoss kills every connection of a running
@@ -85,8 +84,8 @@ func TestResumeAfterSessionLoss(t *testing.T) {
 			}
 			s := subscribe(t, b, tbl, h, sqlxbroker.SubscribeParams{
 				Concurrency: blocked, PollInterval: 200 * time.Millisecond, Logger: quiet,
-				OnOutcome: func(d *sqlxbroker.Delivery, o core.Outcome, err error) {
-					if err == nil && o.Kind == core.Succeeded {
+				OnOutcome: func(d *sqlxbroker.Delivery, o sqlxbroker.Outcome, err error) {
+					if err == nil && o.Kind == sqlxbroker.Succeeded {
 						mu.Lock()
 						completed[nOf(t, d)]++
 						mu.Unlock()

@@ -7,9 +7,9 @@ import (
 	"testing"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/conformance"
 	"github.com/sqlxbroker/sqlxbroker/conformance/provision"
-	"github.com/sqlxbroker/sqlxbroker/core"
 	"github.com/sqlxbroker/sqlxbroker/dialects/postgres"
 )
 
@@ -75,12 +75,12 @@ func TestConformancePostgres10(t *testing.T) {
 		Dialect:          postgres.Dialect{},
 		Open:             openDSN(dsn),
 		OldServer:        openDSN(dsn),
-		OldServerRefuses: []core.Form{core.Advisory},
+		OldServerRefuses: []sqlxbroker.Form{sqlxbroker.Advisory},
 		Short:            testing.Short(),
 	}
 	conformance.MaybeChild(tg) // the crash scenario's child process
 	t.Run("VersionGate", func(t *testing.T) { conformance.VersionGate(t, &tg) })
-	for _, f := range []core.Form{core.RowLock, core.Lease} {
+	for _, f := range []sqlxbroker.Form{sqlxbroker.RowLock, sqlxbroker.Lease} {
 		t.Run(f.String(), func(t *testing.T) {
 			for _, s := range conformance.Scenarios() {
 				if !s.Applies(tg.Dialect, f) {

@@ -10,14 +10,13 @@ import (
 	"time"
 
 	"github.com/sqlxbroker/sqlxbroker"
-	"github.com/sqlxbroker/sqlxbroker/core"
 	"github.com/sqlxbroker/sqlxbroker/forms"
 )
 
 // TestAdvisoryHolderLost terminates the one session that holds an advisory
 // subscription's keys while its handlers run: every handler's context must
 // be cancelled (the holder's ping notices within about a second), their
-// completions must change nothing (core.ErrLeaseLost), and the rows must
+// completions must change nothing (sqlxbroker.ErrLeaseLost), and the rows must
 // come back with the attempt counted and complete once.
 func TestAdvisoryHolderLost(t *testing.T) {
 	app := uniq("sxbholder_")
@@ -52,7 +51,7 @@ func TestAdvisoryHolderLost(t *testing.T) {
 	s, err := b.Subscribe(context.Background(), tbl, h, sqlxbroker.SubscribeParams{
 		Concurrency: n, PollInterval: 100 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		OnOutcome: func(d *sqlxbroker.Delivery, o core.Outcome, err error) {
+		OnOutcome: func(d *sqlxbroker.Delivery, o sqlxbroker.Outcome, err error) {
 			if err != nil {
 				mu.Lock()
 				lost = append(lost, err)
@@ -97,8 +96,8 @@ func TestAdvisoryHolderLost(t *testing.T) {
 		t.Errorf("stats %+v: want %d lost and %d succeeded", st, n, n)
 	}
 	for _, err := range lost {
-		if !errors.Is(err, core.ErrLeaseLost) {
-			t.Errorf("a lost delivery's completion returned %v, want core.ErrLeaseLost", err)
+		if !errors.Is(err, sqlxbroker.ErrLeaseLost) {
+			t.Errorf("a lost delivery's completion returned %v, want sqlxbroker.ErrLeaseLost", err)
 		}
 	}
 }

@@ -37,11 +37,11 @@ const heartbeat = 100 * time.Millisecond
 // channelOf is the notification channel of p's table: "sqlxbroker:<table>",
 // or for a long name a cut one made unique with a hash, at most 63 bytes.
 func channelOf(p *core.Plan) string {
-	name := "sqlxbroker:" + p.Table.Name
+	name := "sqlxbroker:" + p.Table
 	if len(name) <= core.MaxIdentLength {
 		return name
 	}
-	sum := sha256.Sum256([]byte(p.Table.Name))
+	sum := sha256.Sum256([]byte(p.Table))
 	return name[:core.MaxIdentLength-17] + ":" + hex.EncodeToString(sum[:8])
 }
 

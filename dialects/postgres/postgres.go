@@ -27,7 +27,7 @@
 //     (lib/pq only; see Dialect.Listen).
 //
 // A server older than a form needs fails the subscription at start with a
-// *core.VersionError (core.ErrServerTooOld).
+// *sqlxbroker.VersionError (core.ErrServerTooOld).
 package postgres
 
 import (
@@ -291,7 +291,7 @@ const (
 	minAdvisory   = 110000 // hashtextextended
 )
 
-// CheckServer reads server_version_num and fails with a *core.VersionError
+// CheckServer reads server_version_num and fails with a *sqlxbroker.VersionError
 // when the server is too old for form. It is one round trip per
 // subscription start, so nothing is cached.
 func (Dialect) CheckServer(ctx context.Context, db *sqlx.DB, form core.Form) error {
@@ -331,7 +331,7 @@ func serverVersion(ctx context.Context, db *sqlx.DB) (int, error) {
 // serves form.
 func checkVersion(num int, form core.Form) error {
 	tooOld := func(need, reason string) error {
-		return &core.VersionError{Server: "PostgreSQL", Found: versionString(num), Need: need, Form: form, Reason: reason}
+		return &sqlxbroker.VersionError{Server: "PostgreSQL", Found: versionString(num), Need: need, Form: form, Reason: reason}
 	}
 	switch {
 	case num < minSkipLocked:
@@ -364,7 +364,6 @@ var ddlTypes = map[string]string{
 // order) that the group-head check reads.
 func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	pl := p.Plan
-	t := &pl.Table
 	typed := map[string]string{}
 	for _, c := range p.Payload {
 		typ, ok := ddlTypes[c[1]]
@@ -391,8 +390,8 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 		return nil
 	}
 	fixed := [][2]string{
-		{t.IDColumn(), "bigserial PRIMARY KEY"}, {t.AttemptColumn(), "integer NOT NULL DEFAULT 1"},
-		{t.LockedUntil, "timestamptz"}, {t.ReadyAt, "timestamptz"}, {t.DeadAt, "timestamptz"}, {t.DoneAt, "timestamptz"},
+		{pl.ID, "bigserial PRIMARY KEY"}, {pl.Attempt, "integer NOT NULL DEFAULT 1"},
+		{pl.LockedUntil, "timestamptz"}, {pl.ReadyAt, "timestamptz"}, {pl.DeadAt, "timestamptz"}, {pl.DoneAt, "timestamptz"},
 	}
 	for _, c := range fixed {
 		if c[0] != "" {
@@ -401,7 +400,7 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 			}
 		}
 	}
-	free := [][2]string{{t.OrderColumn(), "bigint NOT NULL"}, {t.Group, "text"}}
+	free := [][2]string{{pl.Order, "bigint NOT NULL"}, {pl.Group, "text"}}
 	if pl.Key != nil {
 		for _, c := range pl.Key.Columns() {
 			free = append(free, [2]string{c, "text"})
@@ -416,7 +415,7 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 		}
 	}
 	with := ""
-	if t.Form() != core.RowLock {
+	if pl.Form != core.RowLock {
 		// Claims update every row they take (lease, attempt): room on the
 		// page keeps those updates heap-only, with no new index entries.
 		with = " WITH (fillfactor = 50)"
@@ -426,11 +425,11 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	if u := pl.Unfinished(""); u != "1=1" {
 		where = " WHERE " + u
 	}
-	if where != "" || t.OrderColumn() != t.IDColumn() {
-		stmts = append(stmts, "CREATE INDEX IF NOT EXISTS "+d.QuoteIdent(indexName(t.Name, "claim"))+" ON "+pl.QTable+" ("+pl.QOrder+")"+where)
+	if where != "" || pl.Order != pl.ID {
+		stmts = append(stmts, "CREATE INDEX IF NOT EXISTS "+d.QuoteIdent(indexName(pl.Table, "claim"))+" ON "+pl.QTable+" ("+pl.QOrder+")"+where)
 	}
-	if t.Group != "" {
-		stmts = append(stmts, "CREATE INDEX IF NOT EXISTS "+d.QuoteIdent(indexName(t.Name, "fifo"))+" ON "+pl.QTable+" ("+pl.QGroup+", "+pl.QOrder+")"+where)
+	if pl.Group != "" {
+		stmts = append(stmts, "CREATE INDEX IF NOT EXISTS "+d.QuoteIdent(indexName(pl.Table, "fifo"))+" ON "+pl.QTable+" ("+pl.QGroup+", "+pl.QOrder+")"+where)
 	}
 	return stmts, nil
 }

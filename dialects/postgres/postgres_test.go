@@ -152,8 +152,8 @@ func startForm(t *testing.T, b *sqlxbroker.Broker, tbl sqlxbroker.Table) core.Cl
 func completeAll(t *testing.T, cs []core.Claim) {
 	t.Helper()
 	for _, c := range cs {
-		if err := c.Complete(context.Background(), core.Outcome{Kind: core.Succeeded}); err != nil {
-			t.Errorf("complete %v: %v", c.Delivery().ID(), err)
+		if err := conformance.Complete(context.Background(), c, sqlxbroker.Outcome{Kind: sqlxbroker.Succeeded}); err != nil {
+			t.Errorf("complete %v: %v", sqlxbroker.NewDelivery(c).ID(), err)
 		}
 	}
 }
@@ -169,7 +169,7 @@ func stopAll(t *testing.T, subs []*sqlxbroker.Subscription) {
 	}
 }
 
-func idOf(d *core.Delivery) int64 {
+func idOf(d *sqlxbroker.Delivery) int64 {
 	switch v := d.ID().(type) {
 	case int64:
 		return v
@@ -317,8 +317,8 @@ func TestSkipNotWait(t *testing.T) {
 				t.Errorf("claimed %d rows, want %d", len(cs), rows-len(held))
 			}
 			for _, c := range cs {
-				if held[idOf(c.Delivery())] {
-					t.Errorf("claimed held row %d", idOf(c.Delivery()))
+				if held[idOf(sqlxbroker.NewDelivery(c))] {
+					t.Errorf("claimed held row %d", idOf(sqlxbroker.NewDelivery(c)))
 				}
 			}
 			t.Logf("%s: claimed %d of %d rows in %v with %d held", fc.name, len(cs), rows, took, len(held))
@@ -387,7 +387,7 @@ func TestCrashRecovery(t *testing.T) {
 			f1 := startForm(t, b1, tbl)
 			claimed := time.Now() // the lease runs from before the claim
 			cs, err := f1.Claim(ctx, 1)
-			if err != nil || len(cs) != 1 || cs[0].Delivery().Attempt() != 1 {
+			if err != nil || len(cs) != 1 || sqlxbroker.NewDelivery(cs[0]).Attempt() != 1 {
 				t.Fatalf("first claim: %d claims, %v", len(cs), err)
 			}
 			if fc.name == "lease" {
@@ -419,10 +419,10 @@ func TestCrashRecovery(t *testing.T) {
 				}
 			}
 			want := map[string]int{"rowlock": 1, "lease": 2, "advisory": 2}[fc.name]
-			if got := again[0].Delivery().Attempt(); got != want {
+			if got := sqlxbroker.NewDelivery(again[0]).Attempt(); got != want {
 				t.Errorf("attempt after the crash = %d, want %d", got, want)
 			}
-			t.Logf("%s: reclaimed after %v, attempt %d", fc.name, time.Since(claimed).Round(time.Millisecond), again[0].Delivery().Attempt())
+			t.Logf("%s: reclaimed after %v, attempt %d", fc.name, time.Since(claimed).Round(time.Millisecond), sqlxbroker.NewDelivery(again[0]).Attempt())
 			completeAll(t, again)
 			if n := count(t, db2, tbl.Name); n != 0 {
 				t.Fatalf("%d rows left", n)
@@ -512,16 +512,16 @@ func TestAdvisoryKeysAcrossTables(t *testing.T) {
 
 	fa, fb := startForm(t, b1, ta), startForm(t, b2, tb)
 	ca, err := fa.Claim(ctx, 1)
-	if err != nil || len(ca) != 1 || ca[0].Delivery().Key() != "acct-7" {
+	if err != nil || len(ca) != 1 || sqlxbroker.NewDelivery(ca[0]).Key() != "acct-7" {
 		t.Fatalf("claim table A: %d claims, %v", len(ca), err)
 	}
 	cb, err := fb.Claim(ctx, 10)
-	if err != nil || len(cb) != 1 || cb[0].Delivery().Key() != "acct-8" {
+	if err != nil || len(cb) != 1 || sqlxbroker.NewDelivery(cb[0]).Key() != "acct-8" {
 		t.Fatalf("claim table B while A holds acct-7: %d claims, %v; want only acct-8", len(cb), err)
 	}
 	completeAll(t, ca)
 	cb2, err := fb.Claim(ctx, 10)
-	if err != nil || len(cb2) != 1 || cb2[0].Delivery().Key() != "acct-7" {
+	if err != nil || len(cb2) != 1 || sqlxbroker.NewDelivery(cb2[0]).Key() != "acct-7" {
 		t.Fatalf("claim table B after A released acct-7: %d claims, %v", len(cb2), err)
 	}
 	completeAll(t, append(cb, cb2...))
@@ -532,11 +532,11 @@ func TestVersionGate(t *testing.T) {
 	for _, c := range []struct {
 		num    int
 		found  string
-		tooOld []core.Form
+		tooOld []sqlxbroker.Form
 	}{
-		{90400, "9.4.0", []core.Form{core.RowLock, core.Lease, core.Advisory}},
-		{90600, "9.6.0", []core.Form{core.Advisory}},
-		{100023, "10.23", []core.Form{core.Advisory}},
+		{90400, "9.4.0", []sqlxbroker.Form{sqlxbroker.RowLock, sqlxbroker.Lease, sqlxbroker.Advisory}},
+		{90600, "9.6.0", []sqlxbroker.Form{sqlxbroker.Advisory}},
+		{100023, "10.23", []sqlxbroker.Form{sqlxbroker.Advisory}},
 		{110000, "11.0", nil},
 		{150020, "15.20", nil},
 	} {
@@ -549,12 +549,12 @@ func TestVersionGate(t *testing.T) {
 			for _, o := range c.tooOld {
 				want = want || o == f
 			}
-			var ve *core.VersionError
+			var ve *sqlxbroker.VersionError
 			switch {
 			case !want && err != nil:
 				t.Errorf("%d %s: %v, want nil", c.num, f, err)
-			case want && (!errors.Is(err, core.ErrServerTooOld) || !errors.As(err, &ve)):
-				t.Errorf("%d %s: %v, want a *core.VersionError", c.num, f, err)
+			case want && (!errors.Is(err, sqlxbroker.ErrServerTooOld) || !errors.As(err, &ve)):
+				t.Errorf("%d %s: %v, want a *sqlxbroker.VersionError", c.num, f, err)
 			case want && (ve.Found != c.found || ve.Form != f || (c.num >= 90500) != (ve.Need == "11")):
 				t.Errorf("%d %s: %+v", c.num, f, ve)
 			}
@@ -608,14 +608,14 @@ func TestListen(t *testing.T) {
 	d := postgres.Dialect{}
 	lite := sqlx.MustOpen("sqlite", ":memory:")
 	defer lite.Close()
-	p, err := core.NewPlan(d, core.Table{Name: "jobs"})
+	p, err := sqlxbroker.NewPlan(d, sqlxbroker.Table{Name: "jobs"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := d.Listen(context.Background(), lite, p); err == nil {
 		t.Error("Listen on a sqlite pool: nil error")
 	}
-	if n := postgres.ChannelOf(&core.Plan{Table: core.Table{Name: strings.Repeat("s", 63) + "." + strings.Repeat("t", 63)}}); len(n) > 63 {
+	if n := postgres.ChannelOf(&core.Plan{Table: strings.Repeat("s", 63) + "." + strings.Repeat("t", 63)}); len(n) > 63 {
 		t.Errorf("channel %q is longer than 63 bytes", n)
 	}
 	if a, b := postgres.IndexName(strings.Repeat("t", 63), "claim"), postgres.IndexName(strings.Repeat("t", 63), "fifo"); len(a) > 63 || a == b {
@@ -698,7 +698,7 @@ func TestListenPush(t *testing.T) {
 		listen += " application_name=" + app
 	}
 	d := postgres.Dialect{ListenDSN: listen}
-	p, err := core.NewPlan(d, core.Table{Name: uniq("sxb_push_")})
+	p, err := sqlxbroker.NewPlan(d, sqlxbroker.Table{Name: uniq("sxb_push_")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -760,7 +760,7 @@ func TestListenPush(t *testing.T) {
 // and UNLISTEN of each change reach the server in.
 func TestListenPushChurn(t *testing.T) {
 	d := postgres.Dialect{ListenDSN: dsn(t)}
-	p, err := core.NewPlan(d, core.Table{Name: uniq("sxb_churn_")})
+	p, err := sqlxbroker.NewPlan(d, sqlxbroker.Table{Name: uniq("sxb_churn_")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -768,7 +768,7 @@ func TestListenPushChurn(t *testing.T) {
 	keep, stopKeep := context.WithCancel(context.Background())
 	defer stopKeep()
 	// Another table keeps the listener alive through the churn.
-	q, err := core.NewPlan(d, core.Table{Name: uniq("sxb_churn_")})
+	q, err := sqlxbroker.NewPlan(d, sqlxbroker.Table{Name: uniq("sxb_churn_")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/sqlxbroker/sqlxbroker"
-	"github.com/sqlxbroker/sqlxbroker/core"
 	"github.com/sqlxbroker/sqlxbroker/dialects/postgres"
 )
 
@@ -36,8 +35,8 @@ func TestPreparedRowLock(t *testing.T) {
 			s, err := b.Subscribe(context.Background(), tbl, func(ctx context.Context, d *sqlxbroker.Delivery) error { return nil },
 				sqlxbroker.SubscribeParams{Concurrency: 4, PollInterval: 20 * time.Millisecond, MinPollInterval: time.Millisecond,
 					Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-					OnOutcome: func(d *sqlxbroker.Delivery, o core.Outcome, err error) {
-						if err == nil && o.Kind == core.Succeeded {
+					OnOutcome: func(d *sqlxbroker.Delivery, o sqlxbroker.Outcome, err error) {
+						if err == nil && o.Kind == sqlxbroker.Succeeded {
 							mu.Lock()
 							done[idOf(d)]++
 							mu.Unlock()

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/sqlxbroker/sqlxbroker"
-	"github.com/sqlxbroker/sqlxbroker/core"
 )
 
 // TestResumeAfterSessionLoss terminates every session of a running
@@ -46,8 +45,8 @@ func TestResumeAfterSessionLoss(t *testing.T) {
 			s, err := b.Subscribe(context.Background(), tbl, h, sqlxbroker.SubscribeParams{
 				Concurrency: blocked, PollInterval: 200 * time.Millisecond,
 				Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-				OnOutcome: func(d *sqlxbroker.Delivery, o core.Outcome, err error) {
-					if err == nil && o.Kind == core.Succeeded {
+				OnOutcome: func(d *sqlxbroker.Delivery, o sqlxbroker.Outcome, err error) {
+					if err == nil && o.Kind == sqlxbroker.Succeeded {
 						mu.Lock()
 						completed[idOf(d)]++
 						mu.Unlock()

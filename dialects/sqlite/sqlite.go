@@ -208,10 +208,9 @@ func (Dialect) AttachAdvisory(ctx context.Context, db *sqlx.DB) (func() error, e
 // CreateTable returns the recommended table and indexes.
 func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	pl := p.Plan
-	t := &pl.Table
 	types := map[string]string{"text": "TEXT", "bigint": "INTEGER", "int": "INTEGER", "bool": "INTEGER", "timestamp": "TEXT", "bytes": "BLOB"}
 	cols := []string{pl.QID + " INTEGER PRIMARY KEY", pl.QAttempt + " INTEGER NOT NULL DEFAULT 1"}
-	seen := map[string]bool{strings.ToLower(t.IDColumn()): true, strings.ToLower(t.AttemptColumn()): true}
+	seen := map[string]bool{strings.ToLower(pl.ID): true, strings.ToLower(pl.Attempt): true}
 	add := func(name, typ string) {
 		if !seen[strings.ToLower(name)] {
 			seen[strings.ToLower(name)] = true
@@ -228,24 +227,24 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	for _, c := range pl.TimeColumns() {
 		add(c, "TEXT")
 	}
-	if t.Order != "" {
-		add(t.Order, "INTEGER")
+	if !strings.EqualFold(pl.Order, pl.ID) {
+		add(pl.Order, "INTEGER")
 	}
-	if t.Group != "" {
-		add(t.Group, "TEXT")
+	if pl.Group != "" {
+		add(pl.Group, "TEXT")
 	}
 	if pl.Key != nil {
 		for _, c := range pl.Key.Columns() {
 			add(c, "TEXT")
 		}
 	}
-	name := strings.ReplaceAll(t.Name, ".", "_")
+	name := strings.ReplaceAll(pl.Table, ".", "_")
 	stmts := []string{"CREATE TABLE IF NOT EXISTS " + pl.QTable + " (\n  " + strings.Join(cols, ",\n  ") + "\n)"}
 	where := pl.Unfinished("")
-	if t.Group != "" {
+	if pl.Group != "" {
 		stmts = append(stmts, "CREATE INDEX IF NOT EXISTS "+d.QuoteIdent(name+"_fifo")+" ON "+pl.QTable+" ("+pl.QGroup+", "+pl.QOrder+") WHERE "+where)
 	}
-	if t.Order != "" {
+	if !strings.EqualFold(pl.Order, pl.ID) {
 		stmts = append(stmts, "CREATE INDEX IF NOT EXISTS "+d.QuoteIdent(name+"_order")+" ON "+pl.QTable+" ("+pl.QOrder+") WHERE "+where)
 	}
 	return stmts, nil

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/sqlxbroker/sqlxbroker"
-	"github.com/sqlxbroker/sqlxbroker/core"
 	"github.com/sqlxbroker/sqlxbroker/dialects/sqlite"
 )
 
@@ -118,8 +117,8 @@ func TestRowLockUnavailable(t *testing.T) {
 	}
 	b, _ := sqlxbroker.Open(db)
 	_, err = b.Subscribe(context.Background(), sqlxbroker.Table{Name: "jobs"}, func(context.Context, *sqlxbroker.Delivery) error { return nil }, sqlxbroker.SubscribeParams{})
-	var fe *core.FormError
-	if !errors.Is(err, sqlxbroker.ErrFormUnavailable) || !errors.As(err, &fe) || fe.Form != core.RowLock {
+	var fe *sqlxbroker.FormError
+	if !errors.Is(err, sqlxbroker.ErrFormUnavailable) || !errors.As(err, &fe) || fe.Form != sqlxbroker.RowLock {
 		t.Fatalf("row-lock table on SQLite: %v, want a *FormError for the row-lock form", err)
 	}
 }

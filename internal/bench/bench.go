@@ -45,7 +45,7 @@ type Config struct {
 	// Dialect is the dialect under test; nil: the one registered for
 	// Driver.
 	Dialect core.Dialect
-	Form    core.Form
+	Form    sqlxbroker.Form
 	Mode    string // Drain (default) or Steady
 
 	// Rows is the backlog a drain starts with; default 10,000.
@@ -121,10 +121,10 @@ func (c *Config) defaults() error {
 		c.Dialect = d
 	}
 	if c.Form == 0 {
-		c.Form = core.Lease
+		c.Form = sqlxbroker.Lease
 	}
 	if !core.CapabilitiesOf(c.Dialect).Offers(c.Form) {
-		return &core.FormError{Dialect: c.Dialect.Name(), Form: c.Form, Reason: "the dialect does not implement it"}
+		return &sqlxbroker.FormError{Dialect: c.Dialect.Name(), Form: c.Form, Reason: "the dialect does not implement it"}
 	}
 	if c.Mode == "" {
 		c.Mode = Drain
@@ -163,12 +163,12 @@ func (c *Config) defaults() error {
 }
 
 // Table returns the description of the benchmark table for form f.
-func Table(name string, f core.Form) core.Table {
-	t := core.Table{Name: name}
+func Table(name string, f sqlxbroker.Form) sqlxbroker.Table {
+	t := sqlxbroker.Table{Name: name}
 	switch f {
-	case core.Lease:
+	case sqlxbroker.Lease:
 		t.LockedUntil = "locked_until"
-	case core.Advisory:
+	case sqlxbroker.Advisory:
 		t.AdvisoryLock = "acct-{acct}"
 	}
 	return t
@@ -232,7 +232,7 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 			r.CommitCPU = float64((cpuTime() - before).Microseconds()) / commits
 		}
 	}
-	if c.Floor && c.Form == core.RowLock && c.Mode == Drain {
+	if c.Floor && c.Form == sqlxbroker.RowLock && c.Mode == Drain {
 		conns := max(r.CommitConns, c.Concurrency)
 		c.Logf("row-lock floor: the form's statements alone over %d connections", conns)
 		var cpu time.Duration
@@ -264,7 +264,7 @@ func open(c Config) (*sqlx.DB, error) {
 	return db, nil
 }
 
-func recreate(ctx context.Context, b *sqlxbroker.Broker, t core.Table) error {
+func recreate(ctx context.Context, b *sqlxbroker.Broker, t sqlxbroker.Table) error {
 	drop(b, t.Name)
 	if err := b.CreateTable(ctx, t, payload...); err != nil {
 		return fmt.Errorf("bench: %w", err)
@@ -292,7 +292,7 @@ func serverVersion(ctx context.Context, db *sqlx.DB) string {
 
 // fill publishes n rows in transactions of 10,000, each with pub_ns set to
 // now and its key among keys.
-func fill(ctx context.Context, b *sqlxbroker.Broker, t core.Table, n, keys int) error {
+func fill(ctx context.Context, b *sqlxbroker.Broker, t sqlxbroker.Table, n, keys int) error {
 	const chunk = 10_000
 	msgs := make([]any, 0, chunk)
 	for start := 0; start < n; start += chunk {
@@ -417,7 +417,7 @@ const sample = 8
 
 // drain fills the table with c.Rows rows and times K no-op handlers
 // draining it.
-func drain(ctx context.Context, c Config, b *sqlxbroker.Broker, t core.Table, r *Result) error {
+func drain(ctx context.Context, c Config, b *sqlxbroker.Broker, t sqlxbroker.Table, r *Result) error {
 	c.Logf("filling %d rows", c.Rows)
 	if err := fill(ctx, b, t, c.Rows, c.Keys); err != nil {
 		return fmt.Errorf("bench: fill: %w", err)
@@ -432,12 +432,12 @@ func drain(ctx context.Context, c Config, b *sqlxbroker.Broker, t core.Table, r 
 	sb := sqlxbroker.OpenDialect(db, c.Dialect)
 
 	var lat hist
-	var starts sync.Map // *core.Delivery -> time.Time, for one delivery in sample
+	var starts sync.Map // *sqlxbroker.Delivery -> time.Time, for one delivery in sample
 	var seq atomic.Int64
 	var done atomic.Int64
 	finished := make(chan struct{})
 	n := int64(c.Rows)
-	h := func(ctx context.Context, d *core.Delivery) error {
+	h := func(ctx context.Context, d *sqlxbroker.Delivery) error {
 		if seq.Add(1)%sample == 0 {
 			starts.Store(d, time.Now())
 		}
@@ -445,11 +445,11 @@ func drain(ctx context.Context, c Config, b *sqlxbroker.Broker, t core.Table, r 
 	}
 	p := sqlxbroker.SubscribeParams{Concurrency: c.Concurrency, BatchSize: c.BatchSize, Logger: quiet(),
 		PollInterval: 100 * time.Millisecond,
-		OnOutcome: func(d *core.Delivery, o core.Outcome, err error) {
+		OnOutcome: func(d *sqlxbroker.Delivery, o sqlxbroker.Outcome, err error) {
 			if v, ok := starts.LoadAndDelete(d); ok {
 				lat.Record(time.Since(v.(time.Time)))
 			}
-			if err == nil && o.Kind == core.Succeeded && done.Add(1) == n {
+			if err == nil && o.Kind == sqlxbroker.Succeeded && done.Add(1) == n {
 				close(finished)
 			}
 		}}
@@ -483,7 +483,7 @@ func drain(ctx context.Context, c Config, b *sqlxbroker.Broker, t core.Table, r 
 	return nil
 }
 
-func fillResult(r *Result, st core.Stats, lat *hist) {
+func fillResult(r *Result, st sqlxbroker.Stats, lat *hist) {
 	r.Errors = st.ClaimErrors + st.CompleteErrors + st.LeaseLost
 	r.P50Ms = lat.Quantile(0.50).Seconds() * 1000
 	r.P99Ms = lat.Quantile(0.99).Seconds() * 1000
@@ -492,7 +492,7 @@ func fillResult(r *Result, st core.Stats, lat *hist) {
 // steady publishes one message at a time at c.Rate per second for
 // c.Duration from a second broker (its own pool, as another process would
 // publish) and measures publish-to-handler latency.
-func steady(ctx context.Context, c Config, b *sqlxbroker.Broker, t core.Table, r *Result) error {
+func steady(ctx context.Context, c Config, b *sqlxbroker.Broker, t sqlxbroker.Table, r *Result) error {
 	db, err := open(c)
 	if err != nil {
 		return err
@@ -501,7 +501,7 @@ func steady(ctx context.Context, c Config, b *sqlxbroker.Broker, t core.Table, r
 	sb := sqlxbroker.OpenDialect(db, c.Dialect)
 	var lat hist
 	var got atomic.Int64
-	h := func(ctx context.Context, d *core.Delivery) error {
+	h := func(ctx context.Context, d *sqlxbroker.Delivery) error {
 		var m message
 		if err := d.Scan(&m); err != nil {
 			return err

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/conformance/provision"
 	"github.com/sqlxbroker/sqlxbroker/core"
 	_ "github.com/sqlxbroker/sqlxbroker/dialects/mysql"
@@ -104,10 +105,10 @@ func TestDrain(t *testing.T) {
 				if r.PerSecond <= 0 || r.P99Ms < r.P50Ms || r.PeakRSSMB <= 0 {
 					t.Errorf("implausible result %+v", r)
 				}
-				if f == core.Lease && r.PeakConns > forms.LeaseConnections {
+				if f == sqlxbroker.Lease && r.PeakConns > forms.LeaseConnections {
 					t.Errorf("lease form with %d handlers opened %d connections, want at most %d", k, r.PeakConns, forms.LeaseConnections)
 				}
-				if f == core.Advisory && r.PeakConns > forms.AdvisoryConnections {
+				if f == sqlxbroker.Advisory && r.PeakConns > forms.AdvisoryConnections {
 					t.Errorf("advisory form with %d handlers opened %d connections, want at most %d", k, r.PeakConns, forms.AdvisoryConnections)
 				}
 				t.Logf("%.0f deliveries/s, p50 %.2f ms, p99 %.2f ms, %d connections", r.PerSecond, r.P50Ms, r.P99Ms, r.PeakConns)
@@ -116,7 +117,7 @@ func TestDrain(t *testing.T) {
 	}
 }
 
-func formsOf(tg target) []core.Form {
+func formsOf(tg target) []sqlxbroker.Form {
 	d := tg.dialect
 	if d == nil {
 		c := Config{Driver: tg.driver, DSN: tg.dsn}
@@ -157,14 +158,14 @@ func BenchmarkDrain(b *testing.B) {
 func TestRowLockFloor(t *testing.T) {
 	for _, tg := range targets(t) {
 		t.Run(tg.name, func(t *testing.T) {
-			c := Config{Driver: tg.driver, DSN: tg.dsn, Dialect: tg.dialect, Form: core.RowLock,
+			c := Config{Driver: tg.driver, DSN: tg.dsn, Dialect: tg.dialect, Form: sqlxbroker.RowLock,
 				Rows: 3000, Concurrency: 4, Table: "sxb_floor_test"}
 			offered := false
 			for _, f := range formsOf(tg) {
-				offered = offered || f == core.RowLock
+				offered = offered || f == sqlxbroker.RowLock
 			}
 			if !offered {
-				c.Form = core.Lease
+				c.Form = sqlxbroker.Lease
 				if err := c.defaults(); err != nil {
 					t.Fatal(err)
 				}
@@ -174,13 +175,13 @@ func TestRowLockFloor(t *testing.T) {
 				}
 				defer db.Close()
 				_, _, err = RowLockFloor(context.Background(), c, db, 4)
-				var fe *core.FormError
-				if !errors.As(err, &fe) || fe.Form != core.RowLock {
+				var fe *sqlxbroker.FormError
+				if !errors.As(err, &fe) || fe.Form != sqlxbroker.RowLock {
 					t.Fatalf("floor on a dialect without the row lock: %v, want a FormError naming it", err)
 				}
 				return
 			}
-			r, err := Run(context.Background(), Config{Driver: tg.driver, DSN: tg.dsn, Dialect: tg.dialect, Form: core.RowLock,
+			r, err := Run(context.Background(), Config{Driver: tg.driver, DSN: tg.dsn, Dialect: tg.dialect, Form: sqlxbroker.RowLock,
 				Rows: 3000, Concurrency: 4, CommitDuration: 200 * time.Millisecond, Table: "sxb_floor_test", Floor: true})
 			if err != nil {
 				t.Fatal(err)

@@ -38,7 +38,7 @@ func RowLockFloor(ctx context.Context, c Config, db *sqlx.DB, conns int) (float6
 		return 0, 0, errors.New("bench: row-lock floor: conns must be at least 1")
 	}
 	b := sqlxbroker.OpenDialect(db, c.Dialect)
-	t := Table(c.Table+"_floor", core.RowLock)
+	t := Table(c.Table+"_floor", sqlxbroker.RowLock)
 	if err := recreate(ctx, b, t); err != nil {
 		return 0, 0, err
 	}
@@ -46,12 +46,12 @@ func RowLockFloor(ctx context.Context, c Config, db *sqlx.DB, conns int) (float6
 	if err := fill(ctx, b, t, c.Rows, c.Keys); err != nil {
 		return 0, 0, fmt.Errorf("bench: row-lock floor: fill: %w", err)
 	}
-	p, err := core.NewPlan(c.Dialect, t)
+	p, err := sqlxbroker.NewPlan(c.Dialect, t)
 	if err != nil {
 		return 0, 0, err
 	}
 	if p.Caps.RowLocker == nil {
-		return 0, 0, &core.FormError{Dialect: c.Dialect.Name(), Form: core.RowLock, Reason: "the dialect does not implement it"}
+		return 0, 0, &sqlxbroker.FormError{Dialect: c.Dialect.Name(), Form: sqlxbroker.RowLock, Reason: "the dialect does not implement it"}
 	}
 	chain := ""
 	if p.Caps.TxChainer != nil {
@@ -162,11 +162,11 @@ func floorClaim(ctx context.Context, tx *sqlx.Tx, st *sqlx.Stmt, q string, p *co
 		return nil, err
 	}
 	for i, c := range cols {
-		if c == p.Table.IDColumn() {
+		if c == p.ID {
 			return vals[i], rows.Close()
 		}
 	}
-	return nil, fmt.Errorf("no %s column in the claimed row", p.Table.IDColumn())
+	return nil, fmt.Errorf("no %s column in the claimed row", p.ID)
 }
 
 // asInt64 reads an id as drivers return it: an integer, or its digits.

@@ -1,4 +1,4 @@
-package core
+package sqlxbroker
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sqlxbroker/sqlxbroker/core"
 )
 
 // SubscribeParams tunes a subscription. The zero value is usable.
@@ -34,7 +36,7 @@ type SubscribeParams struct {
 	// OnOutcome, when set, is called after each completion with the
 	// outcome asked for and the completion's error (nil when recorded).
 	// It runs on the goroutine that learnt the result: the handler's, or
-	// for a form that writes completions in batches (AsyncCompleter) the
+	// for a form that writes completions in batches (lease, advisory) the
 	// form's, so it should not block.
 	OnOutcome func(d *Delivery, o Outcome, err error)
 	// Logger receives claim and completion errors; default slog.Default().
@@ -99,10 +101,11 @@ type Stats struct {
 
 // Subscription runs a handler for the rows a claim form claims.
 type Subscription struct {
-	form ClaimForm
-	h    Handler
-	p    SubscribeParams
-	log  *slog.Logger
+	form  core.ClaimForm
+	table Table
+	h     Handler
+	p     SubscribeParams
+	log   *slog.Logger
 
 	stopClaims context.CancelFunc // ends the claim loop
 	claimCtx   context.Context
@@ -110,8 +113,8 @@ type Subscription struct {
 	hardCancel context.CancelFunc
 
 	completeBy sharedDeadline // completion contexts: CompleteTimeout
-	batching   bool           // the form claims batches (Batching)
-	claimers   int            // claim loops (Pipelining)
+	batching   bool           // the form claims batches (core.Traits)
+	claimers   int            // claim loops (core.Traits.ClaimsAtOnce)
 	dry        atomic.Bool    // the last claim found fewer rows than asked
 
 	wake       chan struct{}
@@ -123,9 +126,9 @@ type Subscription struct {
 	inflight   atomic.Int64   // deliveries whose handler or completion runs
 	reserveMu  sync.Mutex     // a claim loop's look at free handlers and its reservation
 	reserved   atomic.Int64   // handlers claims in progress may fill
-	pending    atomic.Int64   // completions queued by AsyncCompleter
+	pending    atomic.Int64   // completions the form has not answered yet
 	handlers   sync.WaitGroup // workers
-	queued     sync.WaitGroup // completions queued by AsyncCompleter
+	queued     sync.WaitGroup // completions the form has not answered yet
 	loops      sync.WaitGroup // claim loops
 	done       chan struct{}
 	stopOnce   sync.Once
@@ -135,10 +138,10 @@ type Subscription struct {
 	claimErrs, completeErrs, panics                   atomic.Int64
 }
 
-// Subscribe starts form (Form.Start) and runs h for every row it claims
+// subscribe starts form and runs h for every row it claims from table t
 // until Stop, or until ctx ends (which stops it as Stop does, letting work in
 // progress finish).
-func Subscribe(ctx context.Context, form ClaimForm, h Handler, p SubscribeParams) (*Subscription, error) {
+func subscribe(ctx context.Context, form core.ClaimForm, t Table, h Handler, p SubscribeParams) (*Subscription, error) {
 	if h == nil {
 		return nil, errors.New("sqlxbroker: Subscribe: nil handler")
 	}
@@ -148,15 +151,13 @@ func Subscribe(ctx context.Context, form ClaimForm, h Handler, p SubscribeParams
 	if err := form.Start(ctx); err != nil {
 		return nil, err
 	}
-	s := &Subscription{form: form, h: h, p: p, log: p.Logger,
+	s := &Subscription{form: form, table: t, h: h, p: p, log: p.Logger,
 		wake: make(chan struct{}, 1), freed: make(chan struct{}, 1), unreserved: make(chan struct{}, 1),
 		done: make(chan struct{}), completeBy: sharedDeadline{d: p.CompleteTimeout}}
-	if b, ok := form.(Batching); ok {
-		s.batching = b.BatchesClaims()
-	}
-	s.claimers = 1
-	if pl, ok := form.(Pipelining); ok && s.batching {
-		s.claimers = max(1, pl.ClaimsAtOnce())
+	tr := form.Traits()
+	s.batching, s.claimers = tr.Batches, 1
+	if s.batching {
+		s.claimers = max(1, tr.ClaimsAtOnce)
 	}
 	s.claimCtx, s.stopClaims = context.WithCancel(context.Background())
 	s.hardCtx, s.hardCancel = context.WithCancel(context.Background())
@@ -227,8 +228,8 @@ func (s *Subscription) Stop(ctx context.Context) error {
 	return s.stopErr
 }
 
-// loop claims for free handlers until claims stop. A form that pipelines
-// its claims (Pipelining) has several loops: each reserves the handlers it
+// loop claims for free handlers until claims stop. A form that runs
+// several claims at once (core.Traits.ClaimsAtOnce) has several loops: each reserves the handlers it
 // claims for, so together they never claim more than Concurrency. Only the
 // first polls an idle table; the others claim again when a handler is
 // freed.
@@ -316,14 +317,14 @@ func signal(ch chan struct{}) {
 
 func (s *Subscription) claimFailed(err error) {
 	s.claimErrs.Add(1)
-	s.log.Error("sqlxbroker: claim failed", "table", s.form.Plan().Table.Name, "form", s.form.Form().String(), "err", err)
+	s.log.Error("sqlxbroker: claim failed", "table", s.table.Name, "form", s.table.Form().String(), "err", err)
 }
 
 // next claims the next row for a worker whose delivery just completed, in
 // a form that claims row by row, while the last claims found rows: the
 // worker goes on at once instead of waiting for the claim loop. nil when
 // nothing was claimed; the loop then takes over (and polls).
-func (s *Subscription) next() Claim {
+func (s *Subscription) next() core.Claim {
 	if s.batching || s.dry.Load() || s.claimCtx.Err() != nil {
 		return nil
 	}
@@ -357,7 +358,7 @@ func (s *Subscription) sleep(d time.Duration, also <-chan struct{}) {
 // its stack) per delivery; a worker idle for idleWorker ends. Idle workers
 // wait on channels of their own, so handing out a batch of claims does not
 // contend for one channel.
-func (s *Subscription) start(c Claim) {
+func (s *Subscription) start(c core.Claim) {
 	s.claimed.Add(1)
 	s.inflight.Add(1)
 	s.idleMu.Lock()
@@ -376,7 +377,7 @@ func (s *Subscription) start(c Claim) {
 // idleWorker is how long a worker waits for its next claim.
 const idleWorker = 10 * time.Second
 
-func (s *Subscription) worker(c Claim) {
+func (s *Subscription) worker(c core.Claim) {
 	defer s.handlers.Done()
 	// The worker's context ends with the subscription's hard stop; it then
 	// cancels the handler context of the delivery in work.
@@ -392,7 +393,7 @@ func (s *Subscription) worker(c Claim) {
 		}
 	})
 	defer stop()
-	me := make(chan Claim, 1)
+	me := make(chan core.Claim, 1)
 	for {
 		ctx := &handlerCtx{Context: base}
 		mu.Lock()
@@ -424,7 +425,7 @@ func (s *Subscription) worker(c Claim) {
 
 // idler is an idle worker's channel and when it went idle.
 type idler struct {
-	c     chan Claim
+	c     chan core.Claim
 	since time.Time
 }
 
@@ -464,36 +465,29 @@ func (s *Subscription) closeIdle() {
 }
 
 // run runs the handler of c with ctx, which is cancelled when the claim's
-// hold is lost, and records the outcome.
-func (s *Subscription) run(ctx *handlerCtx, c Claim) {
-	d := c.Delivery()
-	if n, ok := c.(LostNotifier); ok {
-		n.OnLost(func() { ctx.cancel(context.Canceled) })
-	} else if lost := c.Lost(); lost != nil {
-		go func() {
-			select {
-			case <-lost:
-				ctx.cancel(context.Canceled)
-			case <-ctx.Done():
-			}
-		}()
-	}
+// hold is lost, and records the outcome. Completions the form answers
+// later (it writes them in batches) free the handler at once, so claims go
+// on meanwhile; at most Concurrency of them wait so, beyond that a handler
+// waits for its own.
+func (s *Subscription) run(ctx *handlerCtx, c core.Claim) {
+	d := &Delivery{row: c.Row(), claim: c}
+	c.OnLost(func() { ctx.cancel(context.Canceled) })
 	err := s.call(ctx, d)
 	o := s.outcome(d, err)
 	cctx := s.completeBy.get()
-	if ac, ok := c.(AsyncCompleter); ok {
-		if s.pending.Add(1) <= int64(s.p.Concurrency) {
-			s.queued.Add(1)
-			ac.CompleteAsync(cctx, o, func(cerr error) {
-				s.record(d, o, cerr)
-				s.pending.Add(-1)
-				s.queued.Done()
-			})
-			return
-		}
-		s.pending.Add(-1)
+	if s.pending.Add(1) <= int64(s.p.Concurrency) {
+		s.queued.Add(1)
+		c.Complete(cctx, o, func(cerr error) {
+			s.record(d, o, cerr)
+			s.pending.Add(-1)
+			s.queued.Done()
+		})
+		return
 	}
-	s.record(d, o, c.Complete(cctx, o))
+	s.pending.Add(-1)
+	answered := make(chan error, 1)
+	c.Complete(cctx, o, func(cerr error) { answered <- cerr })
+	s.record(d, o, <-answered)
 }
 
 // record counts and logs a delivery's completion.
@@ -512,10 +506,10 @@ func (s *Subscription) record(d *Delivery, o Outcome, cerr error) {
 		}
 	case errors.Is(cerr, ErrLeaseLost):
 		s.lost.Add(1)
-		s.log.Warn("sqlxbroker: lease lost before completion", "table", s.form.Plan().Table.Name, "id", d.ID(), "outcome", o.Kind.String())
+		s.log.Warn("sqlxbroker: lease lost before completion", "table", s.table.Name, "id", d.ID(), "outcome", o.Kind.String())
 	default:
 		s.completeErrs.Add(1)
-		s.log.Error("sqlxbroker: completion failed", "table", s.form.Plan().Table.Name, "id", d.ID(), "outcome", o.Kind.String(), "err", cerr)
+		s.log.Error("sqlxbroker: completion failed", "table", s.table.Name, "id", d.ID(), "outcome", o.Kind.String(), "err", cerr)
 	}
 	if s.p.OnOutcome != nil {
 		s.p.OnOutcome(d, o, cerr)
@@ -535,7 +529,7 @@ func (s *Subscription) call(ctx context.Context, d *Delivery) (err error) {
 
 // outcome decides what the handler's result does to the row.
 func (s *Subscription) outcome(d *Delivery, err error) Outcome {
-	t := &s.form.Plan().Table
+	t := &s.table
 	switch {
 	case err == nil:
 		return Outcome{Kind: Succeeded}
@@ -546,7 +540,7 @@ func (s *Subscription) outcome(d *Delivery, err error) Outcome {
 	}
 	o := Outcome{Kind: Retry, Err: err}
 	if t.ReadyAt != "" {
-		o.RetryAt = Now().Add(s.p.RetryDelay(d.Attempt()))
+		o.RetryAt = core.Now().Add(s.p.RetryDelay(d.Attempt()))
 	}
 	return o
 }

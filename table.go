@@ -1,43 +1,15 @@
-package core
+package sqlxbroker
 
 import (
+	"context"
 	"database/sql"
 	"fmt"
-	"regexp"
 	"strings"
 	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/sqlxbroker/sqlxbroker/core"
 )
-
-// Form names a claim form: what holds a row while its handler runs.
-type Form int
-
-const (
-	// RowLock: SELECT .. FOR UPDATE SKIP LOCKED in a transaction that stays
-	// open while the handler runs; completion and COMMIT change the row and
-	// its outcome at once. The form of a table that names no other.
-	RowLock Form = iota + 1
-	// Lease: a deadline written into the row's lease column and committed at
-	// once; completion takes effect only while the row still holds it.
-	Lease
-	// Advisory: a database advisory lock on a key built from the row,
-	// held on the delivery's own connection until completion.
-	Advisory
-)
-
-// Forms lists every claim form in a stable order.
-var Forms = []Form{RowLock, Lease, Advisory}
-
-func (f Form) String() string {
-	switch f {
-	case RowLock:
-		return "row-lock"
-	case Lease:
-		return "lease"
-	case Advisory:
-		return "advisory"
-	}
-	return fmt.Sprintf("Form(%d)", int(f))
-}
 
 // DefaultLease is the lease of a lease table that gives none.
 const DefaultLease = 30 * time.Second
@@ -135,24 +107,6 @@ func (t *Table) AttemptColumn() string { return t.col(t.Attempt, "attempt") }
 // OrderColumn returns the claim order column.
 func (t *Table) OrderColumn() string { return t.col(t.Order, t.IDColumn()) }
 
-var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-
-// MaxIdentLength is the longest identifier accepted (PostgreSQL's limit).
-const MaxIdentLength = 63
-
-// CheckIdent reports whether s is a plain identifier.
-func CheckIdent(s string) error {
-	switch {
-	case s == "":
-		return fmt.Errorf("empty identifier")
-	case len(s) > MaxIdentLength:
-		return fmt.Errorf("identifier %q is longer than %d characters", s, MaxIdentLength)
-	case !identRE.MatchString(s):
-		return fmt.Errorf("identifier %q must match [A-Za-z_][A-Za-z0-9_]*", s)
-	}
-	return nil
-}
-
 // Validate checks the description on its own, without a database. Every
 // failure is a *TableError naming the field.
 func (t *Table) Validate() error {
@@ -167,7 +121,7 @@ func (t *Table) Validate() error {
 		return bad("Name", "at most one schema qualifier is allowed")
 	}
 	for _, p := range parts {
-		if err := CheckIdent(p); err != nil {
+		if err := core.CheckIdent(p); err != nil {
 			return bad("Name", "%v", err)
 		}
 	}
@@ -178,7 +132,7 @@ func (t *Table) Validate() error {
 		if c.name == "" {
 			continue
 		}
-		if err := CheckIdent(c.name); err != nil {
+		if err := core.CheckIdent(c.name); err != nil {
 			return bad(c.field, "%v", err)
 		}
 	}
@@ -194,7 +148,7 @@ func (t *Table) Validate() error {
 		}
 	}
 	if t.AdvisoryLock != "" {
-		if _, err := ParseKeyTemplate(t.AdvisoryLock); err != nil {
+		if _, err := core.ParseKeyTemplate(t.AdvisoryLock); err != nil {
 			return &TableError{Table: t.Name, Field: "AdvisoryLock", Reason: "bad key template", Err: err}
 		}
 	}
@@ -224,7 +178,7 @@ func (t *Table) Columns() [][2]string {
 			out = append(out, [2]string{c.field, c.name})
 		}
 	}
-	if k, err := ParseKeyTemplate(t.AdvisoryLock); err == nil {
+	if k, err := core.ParseKeyTemplate(t.AdvisoryLock); err == nil {
 		for _, c := range k.Columns() {
 			out = append(out, [2]string{"AdvisoryLock", c})
 		}
@@ -232,97 +186,60 @@ func (t *Table) Columns() [][2]string {
 	return out
 }
 
-// KeyTemplate is a parsed advisory key template.
-type KeyTemplate struct {
-	parts []keyPart
+
+// NewPlan validates t and compiles it for dialect d, as Broker.Plan does:
+// for dialect authors and tools; an application needs none.
+func NewPlan(d core.Dialect, t Table) (*core.Plan, error) {
+	if err := t.Validate(); err != nil {
+		return nil, err
+	}
+	var key *core.KeyTemplate
+	if t.AdvisoryLock != "" {
+		key, _ = core.ParseKeyTemplate(t.AdvisoryLock) // Validate parsed it
+	}
+	p := core.NewPlan(d, core.Plan{Form: t.Form(), Key: key, Table: t.Name,
+		ID: t.IDColumn(), Attempt: t.AttemptColumn(), Order: t.OrderColumn(),
+		LockedUntil: t.LockedUntil, Group: t.Group, ReadyAt: t.ReadyAt, DeadAt: t.DeadAt, DoneAt: t.DoneAt,
+		Lease: t.LeaseDuration(), Isolation: t.Isolation})
+	if f := t.Form(); !p.Caps.Offers(f) {
+		return nil, &FormError{Dialect: d.Name(), Form: f, Reason: formMissing[f]}
+	}
+	if t.Group != "" && p.Caps.GroupGuard == nil && !d.Features().SingleWriter {
+		return nil, &TableError{Table: t.Name, Field: "Group",
+			Reason: fmt.Sprintf("dialect %s has no FIFO group guard and is not single-writer", d.Name())}
+	}
+	return p, nil
 }
 
-type keyPart struct {
-	lit string
-	col string // non-empty: a column reference
+// formMissing says what a dialect lacks that does not offer a form.
+var formMissing = map[Form]string{
+	RowLock:  "the database has no row locks that skip locked rows",
+	Lease:    "the dialect has no lease claim",
+	Advisory: "the database has no advisory locks",
 }
 
-// ParseKeyTemplate parses "text{col}text". "{{" and "}}" are literal braces;
-// a template must reference at least one column.
-func ParseKeyTemplate(s string) (*KeyTemplate, error) {
-	if s == "" {
-		return nil, fmt.Errorf("empty key template")
+// checkLive reads the live table's columns (a query that returns no row,
+// so nothing changes) and fails with a *TableError for a missing table or
+// for each column the description names that the table lacks.
+func checkLive(ctx context.Context, db sqlx.QueryerContext, t Table, p *core.Plan) error {
+	rows, err := db.QueryxContext(ctx, "SELECT * FROM "+p.QTable+" WHERE 1=0")
+	if err != nil {
+		return &TableError{Table: t.Name, Field: "Name", Reason: "cannot read the table", Err: err}
 	}
-	k := &KeyTemplate{}
-	var lit strings.Builder
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '{' && i+1 < len(s) && s[i+1] == '{':
-			lit.WriteByte('{')
-			i++
-		case c == '}' && i+1 < len(s) && s[i+1] == '}':
-			lit.WriteByte('}')
-			i++
-		case c == '{':
-			end := strings.IndexByte(s[i+1:], '}')
-			if end < 0 {
-				return nil, fmt.Errorf("key template %q: unclosed '{' at offset %d", s, i)
-			}
-			col := s[i+1 : i+1+end]
-			if err := CheckIdent(col); err != nil {
-				return nil, fmt.Errorf("key template %q: column at offset %d: %v", s, i, err)
-			}
-			if lit.Len() > 0 {
-				k.parts = append(k.parts, keyPart{lit: lit.String()})
-				lit.Reset()
-			}
-			k.parts = append(k.parts, keyPart{col: col})
-			i += end + 1
-		case c == '}':
-			return nil, fmt.Errorf("key template %q: unmatched '}' at offset %d", s, i)
-		default:
-			lit.WriteByte(c)
+	cols, err := rows.Columns()
+	rows.Close()
+	if err != nil {
+		return &TableError{Table: t.Name, Field: "Name", Reason: "cannot read the table's columns", Err: err}
+	}
+	have := map[string]bool{}
+	for _, c := range cols {
+		have[strings.ToLower(c)] = true
+	}
+	for _, c := range t.Columns() {
+		if !have[strings.ToLower(c[1])] {
+			return &TableError{Table: t.Name, Field: c[0],
+				Reason: fmt.Sprintf("column %q does not exist (the table has %s)", c[1], strings.Join(cols, ", "))}
 		}
 	}
-	if lit.Len() > 0 {
-		k.parts = append(k.parts, keyPart{lit: lit.String()})
-	}
-	if len(k.Columns()) == 0 {
-		return nil, fmt.Errorf("key template %q references no column: every row would share one key", s)
-	}
-	return k, nil
-}
-
-// Columns returns the referenced columns in order of first use.
-func (k *KeyTemplate) Columns() []string {
-	var out []string
-	seen := map[string]bool{}
-	for _, p := range k.parts {
-		if p.col != "" && !seen[p.col] {
-			seen[p.col] = true
-			out = append(out, p.col)
-		}
-	}
-	return out
-}
-
-// Render builds a row's key from its column values. A NULL value renders
-// as the empty string (documented: rows whose key columns are NULL share
-// that part of the key); []byte renders as text.
-func (k *KeyTemplate) Render(value func(col string) any) string {
-	var b strings.Builder
-	for _, p := range k.parts {
-		if p.col == "" {
-			b.WriteString(p.lit)
-			continue
-		}
-		switch v := value(p.col).(type) {
-		case nil:
-		case []byte:
-			b.Write(v)
-		case string:
-			b.WriteString(v)
-		case time.Time:
-			b.WriteString(v.UTC().Format(time.RFC3339Nano))
-		default:
-			fmt.Fprint(&b, v)
-		}
-	}
-	return b.String()
+	return nil
 }

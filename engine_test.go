@@ -1,4 +1,4 @@
-package core_test
+package sqlxbroker
 
 import (
 	"context"
@@ -6,22 +6,22 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/sqlxbroker/sqlxbroker/core"
 )
 
 // memForm is a claim form over an in-memory counter: claims are free and
 // completions immediate, so a benchmark on it measures the engine alone.
 type memForm struct {
-	plan  *core.Plan
-	left  atomic.Int64
+	traits core.Traits
+	left   atomic.Int64
 	lost  bool // claims report a lost-hold channel (as lease claims do)
 	done  atomic.Int64
 	total int64
 	fin   chan struct{}
 }
 
-func (f *memForm) Form() core.Form                 { return core.Lease }
-func (f *memForm) Plan() *core.Plan                { return f.plan }
+func (f *memForm) Traits() core.Traits             { return f.traits }
 func (f *memForm) Start(ctx context.Context) error { return nil }
 func (f *memForm) Close() error                    { return nil }
 func (f *memForm) Claim(ctx context.Context, max int) ([]core.Claim, error) {
@@ -37,24 +37,27 @@ func (f *memForm) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	}
 	out := make([]core.Claim, n)
 	for i := range out {
-		c := &memClaim{f: f, d: core.NewDelivery(int64(i), 1, "", nil, nil)}
-		if f.lost {
-			c.lost = make(chan struct{})
-		}
-		out[i] = c
+		out[i] = &memClaim{f: f, row: core.Row{ID: int64(i), Attempt: 1}}
 	}
 	return out, nil
 }
 
 type memClaim struct {
-	f    *memForm
-	d    *core.Delivery
-	lost chan struct{}
+	f      *memForm
+	row    core.Row
+	onLost func()
 }
 
-func (c *memClaim) Delivery() *core.Delivery { return c.d }
-func (c *memClaim) Lost() <-chan struct{}    { return c.lost }
-func (c *memClaim) Complete(ctx context.Context, o core.Outcome) error {
+func (c *memClaim) Row() *core.Row        { return &c.row }
+func (c *memClaim) Tx() (*sqlx.Tx, error) { return nil, core.ErrNoTx }
+func (c *memClaim) OnLost(f func()) {
+	if c.f.lost {
+		c.onLost = f
+	}
+}
+func (c *memClaim) Complete(ctx context.Context, o core.Outcome, done func(error)) { done(c.write()) }
+
+func (c *memClaim) write() error {
 	if c.f.done.Add(1) == c.f.total {
 		close(c.f.fin)
 	}
@@ -62,10 +65,10 @@ func (c *memClaim) Complete(ctx context.Context, o core.Outcome) error {
 }
 
 // drainMem runs a subscription over n in-memory rows until all complete.
-func drainMem(tb testing.TB, n int64, lost bool, p core.SubscribeParams) {
-	f := &memForm{plan: &core.Plan{Table: core.Table{Name: "mem"}}, lost: lost, total: n, fin: make(chan struct{})}
+func drainMem(tb testing.TB, n int64, lost bool, p SubscribeParams) {
+	f := &memForm{lost: lost, total: n, fin: make(chan struct{})}
 	f.left.Store(n)
-	s, err := core.Subscribe(context.Background(), f, func(ctx context.Context, d *core.Delivery) error { return nil }, p)
+	s, err := subscribe(context.Background(), f, memTable, func(ctx context.Context, d *Delivery) error { return nil }, p)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -82,11 +85,13 @@ func drainMem(tb testing.TB, n int64, lost bool, p core.SubscribeParams) {
 	}
 }
 
+var memTable = Table{Name: "mem"}
+
 // TestEngineDrains: every claim is handled and completed once, with and
 // without a lost-hold channel, and Stop leaves nothing in flight.
 func TestEngineDrains(t *testing.T) {
 	for _, lost := range []bool{false, true} {
-		drainMem(t, 10_000, lost, core.SubscribeParams{Concurrency: 100})
+		drainMem(t, 10_000, lost, SubscribeParams{Concurrency: 100})
 	}
 }
 
@@ -96,36 +101,29 @@ func BenchmarkEngine(b *testing.B) {
 	for _, lost := range []bool{false, true} {
 		name := "plain"
 		if lost {
-			name = "lost-channel"
+			name = "lost-notifier"
 		}
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
-			drainMem(b, int64(b.N), lost, core.SubscribeParams{Concurrency: 1000})
+			drainMem(b, int64(b.N), lost, SubscribeParams{Concurrency: 1000})
 		})
 	}
 }
 
-// asyncClaim completes through core.AsyncCompleter: its asynchronous
-// completions wait in a queue the test writes, its synchronous ones until
-// the gate opens.
+// asyncClaim answers its completion later: the answers wait in a queue the
+// test runs.
 type asyncClaim struct {
 	memClaim
 	f *asyncForm
 }
 
-func (c *asyncClaim) CompleteAsync(ctx context.Context, o core.Outcome, done func(error)) {
-	c.f.q <- func() { done(c.memClaim.Complete(ctx, o)) }
-}
-
-func (c *asyncClaim) Complete(ctx context.Context, o core.Outcome) error {
-	<-c.f.gate
-	return c.memClaim.Complete(ctx, o)
+func (c *asyncClaim) Complete(ctx context.Context, o core.Outcome, done func(error)) {
+	c.f.q <- func() { done(c.memClaim.write()) }
 }
 
 type asyncForm struct {
 	memForm
-	q    chan func()
-	gate chan struct{}
+	q chan func()
 }
 
 func (f *asyncForm) Claim(ctx context.Context, max int) ([]core.Claim, error) {
@@ -136,20 +134,19 @@ func (f *asyncForm) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	return cs, err
 }
 
-// TestEngineAsyncCompletions: with a claim that completes asynchronously,
-// handlers go on while completions wait, but at most Concurrency of them
-// wait so (the next completions are synchronous); InFlight counts them;
-// Stop waits for every one, and each is counted once written.
+// TestEngineAsyncCompletions: with a form that answers completions later,
+// handlers go on while their completions wait, but at most Concurrency of
+// them wait so (the next handlers wait for their own answer); InFlight
+// counts them; Stop waits for every one, and each is counted once written.
 func TestEngineAsyncCompletions(t *testing.T) {
 	const n, conc = 50, 4
-	f := &asyncForm{memForm: memForm{plan: &core.Plan{Table: core.Table{Name: "mem"}}, total: n, fin: make(chan struct{})},
-		q: make(chan func(), n), gate: make(chan struct{})}
+	f := &asyncForm{memForm: memForm{total: n, fin: make(chan struct{})}, q: make(chan func(), n)}
 	f.left.Store(n)
 	var handled atomic.Int64
-	s, err := core.Subscribe(context.Background(), f, func(ctx context.Context, d *core.Delivery) error {
+	s, err := subscribe(context.Background(), f, memTable, func(ctx context.Context, d *Delivery) error {
 		handled.Add(1)
 		return nil
-	}, core.SubscribeParams{Concurrency: conc})
+	}, SubscribeParams{Concurrency: conc})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,44 +160,59 @@ func TestEngineAsyncCompletions(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	}
-	// Concurrency handlers queue their completions and go on; the next
-	// Concurrency wait for theirs at the gate.
-	waitFor("the first handlers", func() bool { return len(f.q) == conc && handled.Load() == 2*conc })
+	// Concurrency handlers leave their completions and go on; the next
+	// Concurrency wait for their answers.
+	waitFor("the first handlers", func() bool { return len(f.q) == 2*conc && handled.Load() == 2*conc })
 	if got := s.InFlight(); got != 2*conc {
 		t.Fatalf("InFlight %d, want %d (handlers waiting plus completions queued)", got, 2*conc)
 	}
-	if st := s.Stats(); st.Succeeded != 0 || handled.Load() != 2*conc {
-		t.Fatalf("stats %+v with %d handled before any completion was written", st, handled.Load())
+	if st := s.Stats(); st.Succeeded != 0 {
+		t.Fatalf("stats %+v before any completion was written", st)
+	}
+	var first, waiting []func()
+	for range conc {
+		first = append(first, <-f.q)
+	}
+	for range conc {
+		waiting = append(waiting, <-f.q)
 	}
 	stopped := make(chan error, 1)
 	go func() { stopped <- s.Stop(context.Background()) }()
-	close(f.gate)
-	// The handlers end; the queued completions are still to write, so Stop
+	for _, answer := range waiting {
+		answer()
+	}
+	// The handlers end; the first completions are still to write, so Stop
 	// must not return.
-	waitFor("the handlers to end", func() bool { return s.InFlight() == conc })
+	waitFor("the handlers to end", func() bool { return s.InFlight() == conc+len(f.q) })
 	select {
 	case err := <-stopped:
-		t.Fatalf("Stop returned (%v) with %d completions queued", err, len(f.q))
+		t.Fatalf("Stop returned (%v) with %d completions unanswered", err, conc)
 	case <-time.After(100 * time.Millisecond):
 	}
-	for len(f.q) > 0 {
-		(<-f.q)()
+	for _, answer := range first {
+		answer()
 	}
-	select {
-	case err := <-stopped:
-		if err != nil {
-			t.Fatal(err)
+	// Handlers that claimed before the stop wait for their answers too.
+	timeout := time.After(10 * time.Second)
+	for stop := false; !stop; {
+		select {
+		case answer := <-f.q:
+			answer()
+		case err := <-stopped:
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop = true
+		case <-timeout:
+			t.Fatal("Stop did not return once every completion was written")
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Stop did not return once every completion was written")
 	}
 	if st := s.Stats(); f.done.Load() != st.Claimed || st.Succeeded != st.Claimed || s.InFlight() != 0 {
 		t.Fatalf("after Stop: %d completions written, stats %+v, InFlight %d; want every claim written and counted once", f.done.Load(), st, s.InFlight())
 	}
 }
 
-// pipeForm claims in batches (core.Batching) with two claims at once
-// (core.Pipelining); each claim takes a while, and the form records how
+// pipeForm claims in batches with two claims at once (core.Traits); each claim takes a while, and the form records how
 // many run at once and the most handlers asked for at once.
 type pipeForm struct {
 	memForm
@@ -209,9 +221,6 @@ type pipeForm struct {
 	asked, maxAsked     atomic.Int64
 	calls               atomic.Int64
 }
-
-func (f *pipeForm) BatchesClaims() bool { return true }
-func (f *pipeForm) ClaimsAtOnce() int   { return 2 }
 
 // raise makes v at least n.
 func raise(v *atomic.Int64, n int64) {
@@ -236,15 +245,15 @@ func (f *pipeForm) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 func TestEnginePipelinedClaims(t *testing.T) {
 	const n, conc = 2000, 16
 	f := &pipeForm{slow: 2 * time.Millisecond}
-	f.plan, f.total, f.fin = &core.Plan{Table: core.Table{Name: "mem"}}, n, make(chan struct{})
+	f.traits, f.total, f.fin = core.Traits{Batches: true, ClaimsAtOnce: 2}, n, make(chan struct{})
 	f.left.Store(n)
 	var inWork, maxInWork atomic.Int64
-	s, err := core.Subscribe(context.Background(), f, func(ctx context.Context, d *core.Delivery) error {
+	s, err := subscribe(context.Background(), f, memTable, func(ctx context.Context, d *Delivery) error {
 		raise(&maxInWork, inWork.Add(1))
 		time.Sleep(time.Millisecond)
 		inWork.Add(-1)
 		return nil
-	}, core.SubscribeParams{Concurrency: conc, PollInterval: 50 * time.Millisecond})
+	}, SubscribeParams{Concurrency: conc, PollInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,13 +1,13 @@
-package core_test
+package fuzz_test
 
 // Fuzz targets for what a table description lets reach SQL. Their seed
 // corpora live in testdata/fuzz/<FuzzName>/ (injection attempts, quotes,
 // backticks, NUL bytes, unicode lookalikes, over-long names, unbalanced
 // braces) and run as ordinary tests with `go test`; explore further with
 //
-//	go test ./core -run '^$' -fuzz '^FuzzParseKeyTemplate$' -fuzztime 60s
-//	go test ./core -run '^$' -fuzz '^FuzzTableValidate$' -fuzztime 60s
-//	go test ./core -run '^$' -fuzz '^FuzzNewPlan$' -fuzztime 60s
+//	go test ./internal/fuzz -run '^$' -fuzz '^FuzzParseKeyTemplate$' -fuzztime 60s
+//	go test ./internal/fuzz -run '^$' -fuzz '^FuzzTableValidate$' -fuzztime 60s
+//	go test ./internal/fuzz -run '^$' -fuzz '^FuzzNewPlan$' -fuzztime 60s
 
 import (
 	"database/sql"
@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/core"
 	"github.com/sqlxbroker/sqlxbroker/dialects/mysql"
 	"github.com/sqlxbroker/sqlxbroker/dialects/postgres"
@@ -129,8 +130,8 @@ func FuzzParseKeyTemplate(f *testing.F) {
 }
 
 // tableOf builds a description from fuzzed fields.
-func tableOf(name, id, attempt, order, lockedUntil, group, readyAt, deadAt, doneAt, advisory string, lease int64, maxAttempts int, isolation int) core.Table {
-	return core.Table{
+func tableOf(name, id, attempt, order, lockedUntil, group, readyAt, deadAt, doneAt, advisory string, lease int64, maxAttempts int, isolation int) sqlxbroker.Table {
+	return sqlxbroker.Table{
 		Name: name, ID: id, Attempt: attempt, Order: order, LockedUntil: lockedUntil, Lease: time.Duration(lease),
 		AdvisoryLock: advisory, Group: group, ReadyAt: readyAt, DeadAt: deadAt, MaxAttempts: maxAttempts,
 		DoneAt: doneAt, Isolation: sql.IsolationLevel(isolation),
@@ -138,26 +139,26 @@ func tableOf(name, id, attempt, order, lockedUntil, group, readyAt, deadAt, done
 }
 
 // identFields are the identifier fields of a description, by field name.
-func identFields(t core.Table) map[string]string {
+func identFields(t sqlxbroker.Table) map[string]string {
 	return map[string]string{
 		"ID": t.ID, "Attempt": t.Attempt, "Order": t.Order, "LockedUntil": t.LockedUntil, "Group": t.Group,
 		"ReadyAt": t.ReadyAt, "DeadAt": t.DeadAt, "DoneAt": t.DoneAt,
 	}
 }
 
-// checkRefusal fails unless err is a *core.TableError that matches
-// ErrInvalidTable and names a field of core.Table.
-func checkRefusal(t *testing.T, tb core.Table, err error) *core.TableError {
+// checkRefusal fails unless err is a *sqlxbroker.TableError that matches
+// ErrInvalidTable and names a field of sqlxbroker.Table.
+func checkRefusal(t *testing.T, tb sqlxbroker.Table, err error) *sqlxbroker.TableError {
 	t.Helper()
-	var te *core.TableError
+	var te *sqlxbroker.TableError
 	if !errors.As(err, &te) {
-		t.Fatalf("%+v refused with %T %v, want a *core.TableError", tb, err, err)
+		t.Fatalf("%+v refused with %T %v, want a *sqlxbroker.TableError", tb, err, err)
 	}
 	if !errors.Is(err, core.ErrInvalidTable) {
 		t.Fatalf("%+v: %v does not match ErrInvalidTable", tb, err)
 	}
-	if _, ok := reflect.TypeFor[core.Table]().FieldByName(te.Field); !ok {
-		t.Fatalf("%+v: error names %q, which is no field of core.Table: %v", tb, te.Field, err)
+	if _, ok := reflect.TypeFor[sqlxbroker.Table]().FieldByName(te.Field); !ok {
+		t.Fatalf("%+v: error names %q, which is no field of sqlxbroker.Table: %v", tb, te.Field, err)
 	}
 	if !strings.Contains(err.Error(), te.Field) {
 		t.Fatalf("%+v: message %q does not name the field %s", tb, err, te.Field)
@@ -167,7 +168,7 @@ func checkRefusal(t *testing.T, tb core.Table, err error) *core.TableError {
 
 // checkAccepted fails unless every identifier of an accepted description is
 // plain and the description is coherent.
-func checkAccepted(t *testing.T, tb core.Table) {
+func checkAccepted(t *testing.T, tb sqlxbroker.Table) {
 	t.Helper()
 	parts := strings.Split(tb.Name, ".")
 	if len(parts) > 2 {
@@ -232,10 +233,10 @@ func FuzzNewPlan(f *testing.F) {
 		tb := tableOf(name, id, attempt, order, lockedUntil, group, readyAt, deadAt, doneAt, advisory, lease, maxAttempts, 0)
 		verr := tb.Validate()
 		for _, d := range dialects {
-			p, err := core.NewPlan(d, tb)
+			p, err := sqlxbroker.NewPlan(d, tb)
 			if verr != nil {
 				te := checkRefusal(t, tb, err)
-				var ve *core.TableError
+				var ve *sqlxbroker.TableError
 				errors.As(verr, &ve)
 				if te.Field != ve.Field {
 					t.Fatalf("%s: NewPlan names %s, Validate %s", d.Name(), te.Field, ve.Field)
@@ -261,7 +262,7 @@ func FuzzNewPlan(f *testing.F) {
 // checkPlan fails unless every quoted name of p is d's quoting of the
 // plain identifier the description (with defaults) gives, and the shared
 // SQL fragments hold nothing but quoted names and fixed SQL.
-func checkPlan(t *testing.T, d core.Dialect, tb core.Table, p *core.Plan) {
+func checkPlan(t *testing.T, d core.Dialect, tb sqlxbroker.Table, p *core.Plan) {
 	t.Helper()
 	qa := d.QuoteIdent("a")
 	open, shut := qa[:len(qa)-2], qa[len(qa)-1:]

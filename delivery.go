@@ -1,4 +1,4 @@
-package core
+package sqlxbroker
 
 import (
 	"context"
@@ -7,11 +7,11 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/jmoiron/sqlx/reflectx"
+	"github.com/sqlxbroker/sqlxbroker/core"
 )
 
 // Handler processes one delivery. A nil error completes the row; an error
@@ -21,67 +21,32 @@ import (
 // subscription stops without time to finish.
 type Handler func(ctx context.Context, d *Delivery) error
 
-var mapper = reflectx.NewMapperFunc("db", strings.ToLower)
 
-// Delivery is one claimed row handed to a handler.
+// Delivery is one claimed row handed to a handler. It is valid while the
+// handler runs.
 type Delivery struct {
-	id      any
-	attempt int
-	key     string
-	cols    []string
-	vals    []any
-
-	tx        *sqlx.Tx
-	txOnce    sync.Once
-	txErr     error
-	txMarked  bool
-	savepoint func(*sqlx.Tx) error
-}
-
-// NewDelivery builds a delivery from a claimed row. Forms call it; attempt is
-// the attempt as it stood before the claim.
-func NewDelivery(id any, attempt int, key string, cols []string, vals []any) *Delivery {
-	return &Delivery{id: id, attempt: attempt, key: key, cols: cols, vals: vals}
-}
-
-// WithTx attaches the row-lock transaction. savepoint is run once, when the
-// handler first asks for the transaction, so a failed handler's writes can be
-// rolled back while the attempt is still counted in the same commit.
-func (d *Delivery) WithTx(tx *sqlx.Tx, savepoint func(*sqlx.Tx) error) {
-	d.tx, d.savepoint = tx, savepoint
-}
-
-// TxUsed reports whether the handler asked for the transaction.
-func (d *Delivery) TxUsed() bool { return d.txMarked }
-
-// SealTx ends the handler's access to the transaction: from now on Tx
-// returns sql.ErrTxDone. It reports whether the handler asked for the
-// transaction before (TxUsed). The row-lock form seals a delivery before
-// it reuses its transaction for the next (TxChainer), so a handler that
-// kept its delivery cannot write into another delivery's transaction.
-func (d *Delivery) SealTx() (used bool) {
-	d.txOnce.Do(func() { d.txErr = sql.ErrTxDone })
-	return d.txMarked
+	row   *core.Row
+	claim core.Claim
 }
 
 // ID returns the row's primary key as the driver returned it.
-func (d *Delivery) ID() any { return d.id }
+func (d *Delivery) ID() any { return d.row.ID }
 
 // Attempt returns the attempt this delivery is: 1 for the first delivery in
-// every form.
-func (d *Delivery) Attempt() int { return d.attempt }
+// every form, 2 for the first retry, and so on.
+func (d *Delivery) Attempt() int { return d.row.Attempt }
 
 // Key returns the advisory key held for the delivery ("" in other forms).
-func (d *Delivery) Key() string { return d.key }
+func (d *Delivery) Key() string { return d.row.Key }
 
 // Columns returns the row's column names.
-func (d *Delivery) Columns() []string { return d.cols }
+func (d *Delivery) Columns() []string { return d.row.Columns }
 
 // Value returns a column's value as the driver returned it.
 func (d *Delivery) Value(col string) (any, bool) {
-	for i, c := range d.cols {
+	for i, c := range d.row.Columns {
 		if strings.EqualFold(c, col) {
-			return d.vals[i], true
+			return d.row.Values[i], true
 		}
 	}
 	return nil, false
@@ -89,21 +54,15 @@ func (d *Delivery) Value(col string) (any, bool) {
 
 // Tx returns the delivery's open transaction in the row-lock form: writes
 // through it commit together with the row's outcome, and are rolled back if
-// the handler fails. Other forms return ErrNoTx.
+// the handler fails (a savepoint is taken the first time Tx is called).
+// Other forms return ErrNoTx. Once the handler has returned, Tx returns
+// sql.ErrTxDone: a delivery kept beyond its handler cannot write into the
+// transaction of the next.
 func (d *Delivery) Tx() (*sqlx.Tx, error) {
-	if d.tx == nil {
+	if d.claim == nil {
 		return nil, ErrNoTx
 	}
-	d.txOnce.Do(func() {
-		d.txMarked = true
-		if d.savepoint != nil {
-			d.txErr = d.savepoint(d.tx)
-		}
-	})
-	if d.txErr != nil {
-		return nil, d.txErr
-	}
-	return d.tx, nil
+	return d.claim.Tx()
 }
 
 // Scan copies the row into dest, a pointer to a struct whose fields carry
@@ -114,14 +73,14 @@ func (d *Delivery) Scan(dest any) error {
 	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
 		return fmt.Errorf("sqlxbroker: Scan needs a non-nil pointer to a struct, got %T", dest)
 	}
-	fields := mapper.TraversalsByName(v.Type().Elem(), d.cols)
+	fields := mapper.TraversalsByName(v.Type().Elem(), d.row.Columns)
 	for i, trav := range fields {
 		if len(trav) == 0 {
 			continue
 		}
 		f := reflectx.FieldByIndexes(v.Elem(), trav)
-		if err := assign(f, d.vals[i]); err != nil {
-			return fmt.Errorf("sqlxbroker: Scan column %q into %s: %w", d.cols[i], f.Type(), err)
+		if err := assign(f, d.row.Values[i]); err != nil {
+			return fmt.Errorf("sqlxbroker: Scan column %q into %s: %w", d.row.Columns[i], f.Type(), err)
 		}
 	}
 	return nil
@@ -247,3 +206,8 @@ func assign(f reflect.Value, src any) error {
 	}
 	return fmt.Errorf("cannot convert %T", src)
 }
+
+// NewDelivery returns the delivery of a claim made by hand, as a handler
+// would receive it: for the conformance suite and tools that drive a claim
+// form themselves (Broker.Form). An application never needs it.
+func NewDelivery(c core.Claim) *Delivery { return &Delivery{row: c.Row(), claim: c} }
