@@ -21,7 +21,6 @@ import (
 // subscription stops without time to finish.
 type Handler func(ctx context.Context, d *Delivery) error
 
-
 // Delivery is one claimed row handed to a handler. It is valid while the
 // handler runs.
 type Delivery struct {

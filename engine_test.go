@@ -15,10 +15,10 @@ import (
 type memForm struct {
 	traits core.Traits
 	left   atomic.Int64
-	lost  bool // claims report a lost-hold channel (as lease claims do)
-	done  atomic.Int64
-	total int64
-	fin   chan struct{}
+	lost   bool // claims report a lost-hold channel (as lease claims do)
+	done   atomic.Int64
+	total  int64
+	fin    chan struct{}
 }
 
 func (f *memForm) Traits() core.Traits             { return f.traits }

@@ -186,7 +186,6 @@ func (t *Table) Columns() [][2]string {
 	return out
 }
 
-
 // NewPlan validates t and compiles it for dialect d, as Broker.Plan does:
 // for dialect authors and tools; an application needs none.
 func NewPlan(d core.Dialect, t Table) (*core.Plan, error) {

@@ -38,4 +38,3 @@ var (
 	// ErrClosed: the subscription or form is stopped.
 	ErrClosed = errors.New("sqlxbroker: closed")
 )
-
