@@ -10,15 +10,22 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/sqlxbroker/sqlxbroker/core"
 	"github.com/sqlxbroker/sqlxbroker/forms"
+	"github.com/sqlxbroker/sqlxbroker/internal/wake"
 )
 
 // Broker publishes to and subscribes to message tables of one database.
+// Close it when done: it owns what the dialect keeps for the pool (a
+// listening connection, for one).
 type Broker struct {
 	db      *sqlx.DB
 	dialect core.Dialect
+	pool    *core.Pool
 
-	mu    sync.Mutex
-	local map[string]map[*Subscription]struct{} // in-process wake-ups by table
+	local wake.Fanout // in-process wake-ups: each subscription's wake channel, by table
+
+	mu     sync.Mutex
+	closed bool
+	subs   map[*Subscription]struct{}
 }
 
 // Open returns a broker on db, with the dialect registered for
@@ -33,7 +40,27 @@ func Open(db *sqlx.DB) (*Broker, error) {
 
 // OpenDialect returns a broker on db that speaks dialect d.
 func OpenDialect(db *sqlx.DB, d core.Dialect) *Broker {
-	return &Broker{db: db, dialect: d, local: map[string]map[*Subscription]struct{}{}}
+	return &Broker{db: db, dialect: d, pool: core.NewPool(db, d), subs: map[*Subscription]struct{}{}}
+}
+
+// Close stops every subscription of the broker as Subscription.Stop does
+// (with ctx) and releases what the dialect keeps for the pool; later
+// subscriptions fail with ErrClosed. It does not close the *sqlx.DB, which
+// belongs to the application.
+func (b *Broker) Close(ctx context.Context) error {
+	b.mu.Lock()
+	b.closed = true
+	subs := make([]*Subscription, 0, len(b.subs))
+	for s := range b.subs {
+		subs = append(subs, s)
+	}
+	b.mu.Unlock()
+	var errs []error
+	for _, s := range subs {
+		errs = append(errs, s.Stop(ctx))
+	}
+	errs = append(errs, b.pool.Close())
+	return errors.Join(errs...)
 }
 
 // DB returns the broker's database.
@@ -55,54 +82,73 @@ func (b *Broker) Form(t Table) (core.ClaimForm, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &checkedForm{ClaimForm: forms.New(b.db, p), b: b, t: t, p: p}, nil
+	return &checkedForm{ClaimForm: forms.New(b.pool, p), b: b, t: t, p: p}, nil
 }
 
-// checkedForm is a form whose Start checks the server and the table first.
+// checkedForm is a form whose Start checks the server and the table first,
+// and whose Close gives back what the dialect's Starter took.
 type checkedForm struct {
 	core.ClaimForm
-	b *Broker
-	t Table
-	p *core.Plan
+	b    *Broker
+	t    Table
+	p    *core.Plan
+	stop func() error
 }
 
 // Unwrap returns the form itself, for the forms' own tests.
 func (f *checkedForm) Unwrap() core.ClaimForm { return f.ClaimForm }
 
+// Start runs the dialect's Starter (the server, the column types), then
+// checks that the live table has every column the description names; a bad
+// description is named as such on any server, too old or not.
 func (f *checkedForm) Start(ctx context.Context) error {
-	if err := f.b.check(ctx, f.t, f.p); err != nil {
-		return err
-	}
-	return f.ClaimForm.Start(ctx)
-}
-
-// check checks the server (a DSN the dialect refuses, a version too old
-// for the form), then the description against the live table.
-func (b *Broker) check(ctx context.Context, t Table, p *core.Plan) error {
-	if c := p.Caps.ServerChecker; c != nil {
-		if err := c.CheckServer(ctx, b.db, p.Form); err != nil {
+	if s := f.p.Caps.Starter; s != nil {
+		stop, err := s.Start(ctx, f.b.pool, f.p)
+		if err != nil {
 			if errors.Is(err, ErrServerTooOld) {
-				// A bad description is named as such on any server.
-				if lerr := checkLive(ctx, b.db, t, p); lerr != nil {
+				if lerr := checkLive(ctx, f.b.db, f.t, f.p); lerr != nil {
 					return lerr
 				}
 			}
 			return err
 		}
+		f.stop = stop
 	}
-	if err := checkLive(ctx, b.db, t, p); err != nil {
+	if err := checkLive(ctx, f.b.db, f.t, f.p); err != nil {
+		f.release()
 		return err
 	}
-	if c := p.Caps.TableChecker; c != nil {
-		return c.CheckTable(ctx, b.db, p)
+	if err := f.ClaimForm.Start(ctx); err != nil {
+		f.release()
+		return err
 	}
 	return nil
+}
+
+func (f *checkedForm) Close() error {
+	return errors.Join(f.ClaimForm.Close(), f.release())
+}
+
+// release gives back what the Starter took, once.
+func (f *checkedForm) release() error {
+	stop := f.stop
+	f.stop = nil
+	if stop == nil {
+		return nil
+	}
+	return stop()
 }
 
 // Subscribe validates t against the live table, checks the server, and runs
 // h for each row claimed until the subscription is stopped or ctx ends. A
 // bad description fails here, before anything in the database changes.
 func (b *Broker) Subscribe(ctx context.Context, t Table, h Handler, p SubscribeParams) (*Subscription, error) {
+	b.mu.Lock()
+	closed := b.closed
+	b.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
 	f, err := b.Form(t)
 	if err != nil {
 		return nil, err
@@ -112,7 +158,7 @@ func (b *Broker) Subscribe(ctx context.Context, t Table, h Handler, p SubscribeP
 	if w := plan.Caps.Waker; w != nil && p.Wake == nil {
 		var lctx context.Context
 		lctx, stopListen = context.WithCancel(context.Background())
-		if ch, err := w.Listen(lctx, b.db, plan); err == nil {
+		if ch, err := w.Listen(lctx, b.pool, plan); err == nil {
 			p.Wake = ch
 		} else {
 			logger(p).Warn("sqlxbroker: wake-ups unavailable, polling only", "table", t.Name, "err", err)
@@ -124,16 +170,20 @@ func (b *Broker) Subscribe(ctx context.Context, t Table, h Handler, p SubscribeP
 		return nil, err
 	}
 	b.mu.Lock()
-	if b.local[t.Name] == nil {
-		b.local[t.Name] = map[*Subscription]struct{}{}
+	if b.closed {
+		b.mu.Unlock()
+		stopListen()
+		return nil, errors.Join(ErrClosed, s.Stop(ctx))
 	}
-	b.local[t.Name][s] = struct{}{}
+	b.subs[s] = struct{}{}
 	b.mu.Unlock()
+	b.local.Add(t.Name, s.wake)
 	go func() {
 		<-s.Done()
 		stopListen()
+		b.local.Remove(t.Name, s.wake)
 		b.mu.Lock()
-		delete(b.local[t.Name], s)
+		delete(b.subs, s)
 		b.mu.Unlock()
 	}()
 	return s, nil

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sqlxbroker/sqlxbroker/core"
+	"github.com/sqlxbroker/sqlxbroker/internal/wake"
 )
 
 // SubscribeParams tunes a subscription. The zero value is usable.
@@ -177,12 +178,7 @@ func subscribe(ctx context.Context, form core.ClaimForm, t Table, h Handler, p S
 }
 
 // Wake makes an idle subscription claim at once.
-func (s *Subscription) Wake() {
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
-}
+func (s *Subscription) Wake() { wake.Signal(s.wake) }
 
 // Done is closed once the subscription has stopped.
 func (s *Subscription) Done() <-chan struct{} { return s.done }
@@ -269,7 +265,7 @@ func (s *Subscription) loop(first bool) {
 		if len(claims) < n && s.claimers > 1 {
 			// Handlers reserved and not filled are free again for a loop
 			// that waits for them.
-			signal(s.unreserved)
+			wake.Signal(s.unreserved)
 		}
 		if !first && (err != nil || len(claims) < n) {
 			if err != nil && s.claimCtx.Err() == nil {
@@ -301,16 +297,6 @@ func (s *Subscription) loop(first bool) {
 			// key, a FIFO group): its completion ends the wait too.
 			s.sleep(idle, s.freed)
 			idle = min(idle*2, s.p.PollInterval)
-		}
-	}
-}
-
-// signal wakes one waiter on ch, a channel of one slot, without blocking.
-func signal(ch chan struct{}) {
-	if len(ch) == 0 {
-		select {
-		case ch <- struct{}{}:
-		default:
 		}
 	}
 }
@@ -409,7 +395,7 @@ func (s *Subscription) worker(c core.Claim) {
 			continue
 		}
 		s.inflight.Add(-1)
-		signal(s.freed)
+		wake.Signal(s.freed)
 		s.idleMu.Lock()
 		if s.idleClosed {
 			s.idleMu.Unlock()

@@ -40,6 +40,9 @@ var (
 	// advisory keys of the same database (SQLite), so keys could not be
 	// kept apart and a row could be delivered twice.
 	ErrAdvisoryConflict = core.ErrAdvisoryConflict
+
+	// ErrClosed: the broker is closed (Broker.Close).
+	ErrClosed = core.ErrClosed
 )
 
 // TableError names the table and the field of the description at fault.

@@ -84,11 +84,7 @@ func (b *Broker) Publish(ctx context.Context, q Execer, t Table, msgs ...any) er
 			}
 		}
 	}
-	b.mu.Lock()
-	for s := range b.local[t.Name] {
-		s.Wake()
-	}
-	b.mu.Unlock()
+	b.local.Wake(t.Name)
 	return nil
 }
 

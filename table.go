@@ -203,9 +203,9 @@ func NewPlan(d core.Dialect, t Table) (*core.Plan, error) {
 	if f := t.Form(); !p.Caps.Offers(f) {
 		return nil, &FormError{Dialect: d.Name(), Form: f, Reason: formMissing[f]}
 	}
-	if t.Group != "" && p.Caps.GroupGuard == nil && !d.Features().SingleWriter {
+	if t.Group != "" && p.Caps.GroupGuard == nil {
 		return nil, &TableError{Table: t.Name, Field: "Group",
-			Reason: fmt.Sprintf("dialect %s has no FIFO group guard and is not single-writer", d.Name())}
+			Reason: fmt.Sprintf("dialect %s has no FIFO group guard (core.GroupGuard), so it cannot keep a group's order across brokers", d.Name())}
 	}
 	return p, nil
 }

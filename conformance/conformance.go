@@ -118,9 +118,7 @@ func Scenarios() []Scenario {
 			return false
 		}
 	}
-	fifo := func(d core.Dialect, f sqlxbroker.Form) bool {
-		return core.CapabilitiesOf(d).GroupGuard != nil || d.Features().SingleWriter
-	}
+	fifo := func(d core.Dialect, f sqlxbroker.Form) bool { return core.CapabilitiesOf(d).GroupGuard != nil }
 	return []Scenario{
 		{"ExactlyOnce", all, ExactlyOnce},
 		{"SkipLocked", all, SkipLocked},
@@ -129,12 +127,15 @@ func Scenarios() []Scenario {
 		{"LeaseLoss", only(sqlxbroker.Lease), LeaseLoss},
 		{"Renewal", only(sqlxbroker.Lease), Renewal},
 		{"FIFO", fifo, FIFO},
+		{"FIFORefused", func(d core.Dialect, f sqlxbroker.Form) bool { return !fifo(d, f) }, FIFORefused},
 		{"AdvisoryKeys", only(sqlxbroker.Advisory), AdvisoryKeys},
-		{"AdvisoryBatch", func(d core.Dialect, f sqlxbroker.Form) bool {
-			return f == sqlxbroker.Advisory && core.CapabilitiesOf(d).AdvisoryBatcher != nil
-		}, AdvisoryBatch},
+		{"AdvisoryBatch", only(sqlxbroker.Advisory), AdvisoryBatch},
 		{"LockWaitLimit", func(d core.Dialect, f sqlxbroker.Form) bool {
-			return f == sqlxbroker.Advisory && core.CapabilitiesOf(d).LockWaitLimiter != nil
+			if f != sqlxbroker.Advisory {
+				return false
+			}
+			set, _ := core.CapabilitiesOf(d).AdvisoryLocker.LockWaitLimit(time.Second)
+			return set != ""
 		}, LockWaitLimit},
 		{"Outcomes", all, Outcomes},
 		{"PublishFields", all, PublishFields},

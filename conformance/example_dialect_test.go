@@ -27,7 +27,7 @@ func (leaseOnly) QuoteIdent(s string) string { return `"` + s + `"` }
 func (leaseOnly) BindType() int              { return sqlx.QUESTION }
 func (leaseOnly) EncodeTime(t time.Time) any { return t.UTC().Format("2006-01-02 15:04:05.000000") }
 func (leaseOnly) Features() core.Features {
-	return core.Features{DeleteReturning: true, UpdateReturning: true, SingleWriter: true}
+	return core.Features{DeleteReturning: true, UpdateReturning: true}
 }
 
 // ClaimLeases is the one capability: an UPDATE .. RETURNING of the rows the
@@ -38,6 +38,11 @@ func (leaseOnly) ClaimLeases(ctx context.Context, on core.Querier, p *core.Lease
 WHERE %[4]s IN (SELECT %[5]s.%[4]s FROM %[1]s %[5]s WHERE %[6]s ORDER BY %[7]s LIMIT %[8]d) RETURNING *`,
 		pl.QTable, pl.QLockedUntil, pl.QAttempt, pl.QID, pl.Alias, p.Where, pl.OrderBy(pl.Alias), p.Limit, pl.NextAttempt(""))
 	return on.QueryxContext(ctx, q, append([]any{p.Deadline}, p.Args...)...)
+}
+
+// FenceLeases matches a batch of leased rows the portable way.
+func (leaseOnly) FenceLeases(p *core.Plan, ids, tokens []any) (string, []any) {
+	return core.FencePairs(p, ids, tokens)
 }
 
 // CreateTable lets the suite make its tables.

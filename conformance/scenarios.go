@@ -623,7 +623,8 @@ func VersionGate(t TB, tg *Target) {
 	}
 }
 
-// LockWaitLimit (advisory form, dialects with core.LockWaitLimiter): a
+// LockWaitLimit (advisory form, dialects whose AdvisoryLocker.LockWaitLimit
+// gives statements): a
 // completion whose row another transaction holds locked fails alone, as a
 // statement error, before the key session's statement time (10 s) runs
 // out. The session stays: the other delivery it holds is not lost and
@@ -677,15 +678,28 @@ func LockWaitLimit(t TB, tg *Target, f sqlxbroker.Form) {
 	}
 }
 
-// AdvisoryBatch (dialects with core.AdvisoryBatcher): keys tried together
-// on one session answer in the order given, agree with keys tried one by
-// one, hold against another session, and release together; keys of any
-// content work.
+// AdvisoryBatch (advisory form): keys tried together on one session answer
+// in the order given, agree with keys tried one at a time, hold against
+// another session, and release together; keys of any content work.
 func AdvisoryBatch(t TB, tg *Target, f sqlxbroker.Form) {
-	caps := core.CapabilitiesOf(tg.Dialect)
-	bat, one := caps.AdvisoryBatcher, caps.AdvisoryLocker
+	lk := core.CapabilitiesOf(tg.Dialect).AdvisoryLocker
 	db := tg.broker(t).DB()
+	pool := core.NewPool(db, tg.Dialect)
+	defer pool.Close()
 	ctx := context.Background()
+	try := func(conn *sqlx.Conn, keys []string) ([]bool, error) {
+		return lk.TryAdvisoryLocks(ctx, &core.AdvisoryParams{Pool: pool, Conn: conn, Keys: keys})
+	}
+	unlock := func(conn *sqlx.Conn, keys []string) error {
+		return lk.AdvisoryUnlocks(ctx, &core.AdvisoryParams{Pool: pool, Conn: conn, Keys: keys})
+	}
+	tryOne := func(conn *sqlx.Conn, k string) (bool, error) {
+		ok, err := try(conn, []string{k})
+		if err == nil && len(ok) != 1 {
+			return false, fmt.Errorf("%d results for one key", len(ok))
+		}
+		return err == nil && ok[0], err
+	}
 	a, err := db.Connx(ctx)
 	if err != nil {
 		t.Fatalf("connection: %v", err)
@@ -709,37 +723,57 @@ func AdvisoryBatch(t TB, tg *Target, f sqlxbroker.Form) {
 			}
 		}
 	}
-	got, err := bat.TryAdvisoryLocks(ctx, a, keys)
+	got, err := try(a, keys)
 	if err != nil {
 		t.Fatalf("TryAdvisoryLocks: %v", err)
 	}
 	want("first session", got, func(int) bool { return true })
-	defer func() { _ = bat.AdvisoryUnlocks(ctx, a, keys) }()
-	if got, err = bat.TryAdvisoryLocks(ctx, b, keys); err != nil {
+	defer func() { _ = unlock(a, keys) }()
+	if got, err = try(b, keys); err != nil {
 		t.Fatalf("TryAdvisoryLocks: %v", err)
 	}
 	want("second session while the first holds every key", got, func(int) bool { return false })
 	for _, k := range keys {
-		if ok, err := one.TryAdvisoryLock(ctx, b, k); err != nil || ok {
-			t.Errorf("TryAdvisoryLock(%q) on the second session = %v, %v; want false: the first holds it", k, ok, err)
+		if ok, err := tryOne(b, k); err != nil || ok {
+			t.Errorf("TryAdvisoryLocks([%q]) on the second session = %v, %v; want false: the first holds it", k, ok, err)
 		}
 	}
 	half := len(keys) / 2
-	if err := bat.AdvisoryUnlocks(ctx, a, keys[:half]); err != nil {
+	if err := unlock(a, keys[:half]); err != nil {
 		t.Fatalf("AdvisoryUnlocks: %v", err)
 	}
-	if got, err = bat.TryAdvisoryLocks(ctx, b, keys); err != nil {
+	if got, err = try(b, keys); err != nil {
 		t.Fatalf("TryAdvisoryLocks: %v", err)
 	}
 	want("second session after the first released half", got, func(i int) bool { return i < half })
-	if err := bat.AdvisoryUnlocks(ctx, b, keys[:half]); err != nil {
+	if err := unlock(b, keys[:half]); err != nil {
 		t.Fatalf("AdvisoryUnlocks: %v", err)
 	}
 	// Released together, taken one by one.
 	for _, k := range keys[:half] {
-		ok, err := one.TryAdvisoryLock(ctx, a, k)
+		ok, err := tryOne(a, k)
 		if err != nil || !ok {
-			t.Errorf("TryAdvisoryLock(%q) after its batch release = %v, %v; want true", k, ok, err)
+			t.Errorf("TryAdvisoryLocks([%q]) after its batch release = %v, %v; want true", k, ok, err)
 		}
 	}
+}
+
+// FIFORefused (dialects without core.GroupGuard): a FIFO table is refused
+// at subscribe time with a *sqlxbroker.TableError naming Group, before
+// anything changes, while the same table without a group subscribes.
+func FIFORefused(t TB, tg *Target, f sqlxbroker.Form) {
+	b := tg.broker(t)
+	plain := tg.fresh(t, b.DB(), f, nil)
+	fifo := plain
+	fifo.Group = "grp"
+	h := func(context.Context, *sqlxbroker.Delivery) error { return nil }
+	s, err := b.Subscribe(context.Background(), fifo, h, quick)
+	var te *sqlxbroker.TableError
+	if !errors.As(err, &te) || te.Field != "Group" || !errors.Is(err, sqlxbroker.ErrInvalidTable) {
+		if s != nil {
+			_ = s.Stop(context.Background())
+		}
+		t.Fatalf("a FIFO table on a dialect without a group guard subscribed (%v), want a TableError naming Group", err)
+	}
+	subscribe(t, b, plain, h, quick)
 }

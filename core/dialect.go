@@ -8,175 +8,158 @@ import (
 	"github.com/jmoiron/sqlx"
 )
 
-// Dialect speaks one database family's SQL. The required interface is small;
-// every claim form and extra ability is an optional capability interface
-// below, discovered in one place (CapabilitiesOf). A dialect that lacks the
-// capability a table's form needs makes Subscribe fail with a *FormError
-// (ErrFormUnavailable), never a panic.
+// Dialect speaks one database family's SQL. The required part is small;
+// each claim form and each further ability is one optional interface below,
+// found in one place (CapabilitiesOf), and each says what happens without
+// it. A table whose form needs a capability the dialect lacks fails at
+// Subscribe with ErrFormUnavailable, never a panic.
 //
-// Implementing a dialect (see docs/implementing-a-dialect.md):
+// Implementing a dialect (docs/implementing-a-dialect.md has the guide):
 //
 //  1. Implement Dialect and the capabilities your database offers.
 //  2. Register it in init() with sqlxbroker.Register under the database/sql
-//     driver name(s) it serves.
-//  3. Call conformance.Run from a test of your package with a Target that
-//     opens your database; pass it before calling the dialect production
-//     ready.
+//     driver name(s) it serves (Register binds the name's sqlx bind type).
+//  3. Run conformance.Run from a test of your package, or a main of ten
+//     lines with conformance.Main; pass it before calling the dialect
+//     production ready.
 //
-// Methods of a Dialect are called from many goroutines at once.
+// A Dialect is a value without state, called from many goroutines at once.
+// What it keeps per pool (a listening connection, a setting read from the
+// server) lives in the *Pool its methods receive, never in package
+// globals: the broker owns the pool and closes it.
 type Dialect interface {
 	// Name is a human name for messages, e.g. "PostgreSQL".
 	Name() string
-
 	// QuoteIdent quotes one identifier that CheckIdent accepted, e.g.
 	// `"jobs"` or "`jobs`". It must not fail.
 	QuoteIdent(ident string) string
-
 	// BindType is the sqlx bind type of the driver (sqlx.DOLLAR,
 	// sqlx.QUESTION, ...). Statements are written with '?' and rebound.
 	BindType() int
-
-	// EncodeTime turns a host time (UTC, truncated to microseconds) into
-	// the argument that the dialect's timestamp columns store and compare
-	// exactly: a lease deadline written by EncodeTime must compare equal
-	// to the same EncodeTime value in a later statement on any session.
+	// EncodeTime turns a host time (UTC, microseconds) into the argument
+	// that the dialect's timestamp columns store and compare exactly: a
+	// lease deadline written by EncodeTime must compare equal to the same
+	// EncodeTime value in a later statement on any session.
 	EncodeTime(t time.Time) any
-
-	// Features reports which optional SQL syntax generic statements may use.
+	// Features are facts about the dialect's SQL.
 	Features() Features
 }
 
-// Features are SQL syntax facts about a dialect.
+// Features are facts about a dialect's SQL that generic statements use.
 type Features struct {
-	// DeleteReturning: DELETE .. RETURNING <columns> is supported.
-	DeleteReturning bool
-	// UpdateReturning: UPDATE .. RETURNING <columns> is supported.
-	UpdateReturning bool
-	// SingleWriter: the database runs one write transaction at a time
-	// (SQLite), so every claim statement sees the last committed claim and
-	// FIFO tables need no GroupGuard.
-	SingleWriter bool
-	// LeaseClaimStatement: Leaser.ClaimLeases runs one statement that
-	// waits for no lock (it skips locked rows), so outside a FIFO claim
-	// the lease form runs it on the pool, where it commits by itself,
-	// saving a transaction's BEGIN and COMMIT round trips. A dialect whose
-	// claim waits for a lock (SQLite's one writer) must leave it false:
-	// the form reads the clock for the deadline once its transaction
-	// holds what it waits for.
+	// UpdateReturning and DeleteReturning: UPDATE (DELETE) .. RETURNING
+	// <columns> works. Without them the forms update and read again (a
+	// read under the same condition), and batch lease completions that
+	// cannot say which rows they changed run one by one when one fails.
+	UpdateReturning, DeleteReturning bool
+	// LeaseClaimStatement: Leaser.ClaimLeases is one statement that waits
+	// for no lock, so outside FIFO claims it runs on the pool and commits
+	// by itself, saving BEGIN and COMMIT. Leave it false when the claim
+	// waits (SQLite's one writer): the deadline is then read once the
+	// claim transaction holds what it waited for.
 	LeaseClaimStatement bool
+	// ClaimIsolation is the isolation of claim transactions when the
+	// description names none; LevelDefault is the server's own.
+	ClaimIsolation sql.IsolationLevel
 	// MaxParams is the most arguments one statement should carry (a batch
-	// insert is cut to fit); 0 means 30,000, which every built-in driver
-	// takes.
+	// insert is cut to fit); 0 means 30,000.
 	MaxParams int
 }
 
 // RowLocker is the capability of the RowLock form: the database locks the
 // rows a SELECT returns until the transaction ends, and a concurrent locking
-// SELECT skips them instead of waiting.
+// SELECT skips them instead of waiting. Without it the form is unavailable.
 type RowLocker interface {
-	// SkipLocked returns the clause appended to a SELECT to lock its rows
-	// and skip rows that others hold, e.g. "FOR UPDATE SKIP LOCKED".
-	SkipLocked() string
-	// ClaimIsolation is the isolation level of claim transactions when the
-	// table description gives none (sql.LevelDefault: the server's own).
-	ClaimIsolation() sql.IsolationLevel
+	// RowLock says how row-lock claims are written on pool's server. It is
+	// called once when a subscription starts.
+	RowLock(ctx context.Context, pool *Pool) (*RowLockSQL, error)
+}
+
+// RowLockSQL is how a server takes row locks. Only SkipLocked is required; each
+// other field's zero value is a plainer way that always works.
+type RowLockSQL struct {
+	// SkipLocked is the clause appended to a SELECT to lock its rows and
+	// skip rows others hold, e.g. "FOR UPDATE SKIP LOCKED".
+	SkipLocked string
+	// ChainCommit commits and opens the next transaction alike in one
+	// statement ("COMMIT AND CHAIN"): a worker then keeps its transaction
+	// for its next claim and a delivery saves a BEGIN. "": COMMIT, BEGIN.
+	ChainCommit string
+	// Prepare lets the form prepare its claim and completion once per
+	// connection; false where prepared statements do not survive (a
+	// pooler in transaction mode). A prepared statement that fails is
+	// prepared again at its next use.
+	Prepare bool
 }
 
 // LeaseClaimParams is the input of Leaser.ClaimLeases.
 type LeaseClaimParams struct {
 	Plan *Plan
-	// Where is the claimable condition over the table aliased as Plan.Alias
-	// ("c"), with '?' placeholders bound by Args. It already includes the
-	// lease check (lease column NULL or not after now) and, for a FIFO
-	// table, the group-head condition.
+	// Where is the claimable condition over the table aliased Plan.Alias,
+	// with '?'s bound by Args. It holds the lease check and, for a FIFO
+	// table, the group head.
 	Where string
 	Args  []any
-	// Limit is the most rows to claim (at least 1).
-	Limit int
-	// Deadline is the encoded new lease deadline (EncodeTime).
+	Limit int // the most rows to claim, at least 1
+	// Deadline is the new lease deadline, encoded (EncodeTime).
 	Deadline any
 }
 
-// Querier is what a claim runs its statements on: the claim transaction, a
-// *sqlx.Tx, or for a claim of one statement the pool, a *sqlx.DB (sqlx's
-// ExtContext, which both implement).
+// Querier is what a claim runs its statements on: the claim transaction or,
+// for a claim of one statement, the pool (sqlx's ExtContext).
 type Querier = sqlx.ExtContext
 
-// Leaser is the capability of the Lease form.
+// Leaser is the capability of the Lease form. Without it the form is
+// unavailable.
 type Leaser interface {
-	// ClaimLeases claims up to p.Limit claimable rows on q, the open claim
-	// transaction (or the pool, see Features.LeaseClaimStatement), ordered
-	// by the plan's order column, skipping rows that
-	// other transactions hold, and returns them with every column: for each
-	// row it sets the lease column to p.Deadline and the attempt column to
-	// Plan.NextAttempt (one more, a NULL or an attempt below 1 counting as
-	// 1), and the returned attempt is the new value. No row may
-	// be returned twice, and no row may be claimed by two concurrent calls.
-	// Zero rows is not an error.
+	// ClaimLeases claims up to p.Limit rows matching p.Where on q, in the
+	// plan's order, skipping rows other transactions hold, and returns
+	// them with every column, as they are after the claim: the lease
+	// column set to p.Deadline and the attempt to Plan.NextAttempt. No row
+	// may be returned twice, or to two concurrent calls. Zero rows is not
+	// an error.
 	ClaimLeases(ctx context.Context, q Querier, p *LeaseClaimParams) (*sqlx.Rows, error)
-}
-
-// LeaseFencer is an optional capability of a Leaser: it matches many leased
-// rows, each by its own token, in one condition that the database plans and
-// runs in time proportional to the rows, so the lease form completes a batch
-// in one statement.
-//
-// Without it the lease form writes the batch's condition as
-// "id IN (?, ?, ..) AND ((id = ? AND lease = ?) OR (id = ? AND lease = ?)
-// ..)": the id list lets the server find the rows by primary key, but some
-// planners (PostgreSQL's) spend more time on the pairs than on the rows
-// themselves.
-type LeaseFencer interface {
-	// FenceLeases returns a condition over the table, unaliased and with
-	// the plan's quoted column names, that holds for exactly the rows
-	// whose ID column equals ids[i] and whose lease column equals
-	// tokens[i] for some i, and the arguments that bind its '?'s. ids are
-	// distinct, as the driver returned them; tokens are encoded with
-	// EncodeTime; len(ids) == len(tokens) >= 1.
+	// FenceLeases returns a condition over the unaliased table (quoted
+	// names of the plan) that holds for exactly the rows whose ID equals
+	// ids[i] and whose lease column equals tokens[i] for some i, with the
+	// arguments of its '?'s: a batch of completions is one statement.
+	// len(ids) == len(tokens) >= 1, ids distinct. FencePairs writes the
+	// portable condition; a dialect whose planner spends more on it than
+	// on the rows (PostgreSQL) writes one that does not grow with the
+	// batch.
 	FenceLeases(p *Plan, ids, tokens []any) (cond string, args []any)
 }
 
-// AdvisoryLocker is the capability of the Advisory form. The form holds
-// all the keys of its deliveries in work on one session (one connection
-// kept while any key is held), so one session must be able to hold many
-// keys at once, until each is released or the session ends. The form never
-// tries a key its session already holds (a server whose locks nest would
-// count it twice).
+// AdvisoryParams is the input of AdvisoryLocker's methods.
+type AdvisoryParams struct {
+	Pool *Pool
+	// Conn is the session that holds the form's keys: one session holds
+	// many keys at once, until each is released or the session ends.
+	Conn *sqlx.Conn
+	Keys []string // distinct, at most 500, none held by Conn when tried
+}
+
+// AdvisoryLocker is the capability of the Advisory form: locks on keys
+// that belong to the database (equal keys from two tables exclude each
+// other), held by a session. Without it the form is unavailable.
 type AdvisoryLocker interface {
-	// TryAdvisoryLock tries to take the lock on key for the session of
-	// conn, without waiting. It returns false, nil when another session
-	// holds the key. The lock is the database's, not the table's: equal
-	// keys from two tables exclude each other. Any key string must work,
-	// whatever its length or content.
-	TryAdvisoryLock(ctx context.Context, conn *sqlx.Conn, key string) (bool, error)
-	// AdvisoryUnlock releases a lock taken by TryAdvisoryLock on the same
-	// conn. Releasing a key not held is not an error.
-	AdvisoryUnlock(ctx context.Context, conn *sqlx.Conn, key string) error
-}
-
-// AdvisoryBatcher is an optional capability of an AdvisoryLocker: it tries
-// and releases several keys in one statement, so a claim's keys cost one
-// round trip, and so do the keys of completions that end together. Without
-// it the form calls TryAdvisoryLock and AdvisoryUnlock key by key.
-type AdvisoryBatcher interface {
-	// TryAdvisoryLocks tries each of keys as TryAdvisoryLock does, on
-	// conn's session, and returns whether each was taken: len(keys)
-	// results, in the order of keys. keys are distinct, none is held by
-	// the session, and there are at most 500. On an error the caller
-	// cannot know which keys the session holds and discards it.
-	TryAdvisoryLocks(ctx context.Context, conn *sqlx.Conn, keys []string) ([]bool, error)
-	// AdvisoryUnlocks releases keys taken on conn's session (at most 500);
-	// a key not held is not an error.
-	AdvisoryUnlocks(ctx context.Context, conn *sqlx.Conn, keys []string) error
-}
-
-// AdvisoryAttacher is an optional capability of an AdvisoryLocker whose keys
-// are not held by the database server (SQLite keeps them in the process).
-// AttachAdvisory is called when an advisory subscription starts; it must fail
-// with ErrAdvisoryConflict when another process could hold keys of the same
-// database. The returned release is called when the subscription stops.
-type AdvisoryAttacher interface {
-	AttachAdvisory(ctx context.Context, db *sqlx.DB) (release func() error, err error)
+	// TryAdvisoryLocks tries each key's lock for p.Conn's session without
+	// waiting and says, in the order of p.Keys, which it took (false: held
+	// by another session). Any key string must work, whatever its length
+	// or content. On an error the caller cannot know which keys it holds
+	// and discards the session.
+	TryAdvisoryLocks(ctx context.Context, p *AdvisoryParams) ([]bool, error)
+	// AdvisoryUnlocks releases keys p.Conn's session took; a key not held
+	// is not an error.
+	AdvisoryUnlocks(ctx context.Context, p *AdvisoryParams) error
+	// LockWaitLimit returns the statements that make a session's
+	// statements give up a row lock wait after about d (whole seconds, at
+	// least 1 s) and restore the default; the key session runs them when
+	// taken and before it goes back to the pool, so a completion blocked
+	// by an application's transaction fails alone. "", "": the server
+	// cannot bound it, and such a completion ends the key session (its
+	// deliveries come back).
+	LockWaitLimit(d time.Duration) (set, reset string)
 }
 
 // GroupGuardParams is the input of GroupGuard.GuardGroup.
@@ -185,66 +168,44 @@ type GroupGuardParams struct {
 	Group any // the group value of the head row about to be claimed
 }
 
-// GroupGuard is the capability that keeps a FIFO group's order across
-// brokers: it locks the group inside the claim transaction.
+// GroupGuard is the capability of FIFO tables (Table.Group): it keeps a
+// group's order across brokers. Without it a FIFO table is refused with a
+// TableError naming Group.
 type GroupGuard interface {
 	// GuardGroup locks group p.Group of the table for the rest of tx,
 	// without waiting: false, nil means another transaction holds it and
-	// the claim must skip the group. A dialect without GroupGuard must
-	// report Features.SingleWriter to offer FIFO tables.
+	// the claim skips the group. A database that runs one writer at a
+	// time (SQLite) returns true at once: the claim that sees the head is
+	// the only writer.
 	GuardGroup(ctx context.Context, tx *sqlx.Tx, p *GroupGuardParams) (bool, error)
 }
 
-// ServerChecker is an optional capability: CheckServer is called once when a
-// subscription starts and fails with a *VersionError (ErrServerTooOld) when
-// the server is too old for form, or with another clear error when the
-// connection cannot work (a DSN option the dialect cannot live with).
-type ServerChecker interface {
-	CheckServer(ctx context.Context, db *sqlx.DB, form Form) error
-}
-
-// TableChecker is an optional capability: CheckTable is called once when a
-// subscription starts, after Plan.CheckLive found every column, and fails
-// with a *TableError when a column's type cannot work with the dialect (a
-// lease column that would not keep the deadline token exactly).
-type TableChecker interface {
-	CheckTable(ctx context.Context, db *sqlx.DB, p *Plan) error
-}
-
-// TxChainer is an optional capability of a RowLocker dialect: the server
-// commits a transaction and opens the next, with the same isolation and
-// access mode, in one statement (COMMIT AND CHAIN). The row-lock form then
-// keeps a worker's claim transaction, and its connection, from one delivery
-// to the next: a delivery costs its claim, its completion and the chained
-// commit, with no BEGIN. The form chains only a transaction whose handler
-// never asked for it (Delivery.Tx), and rolls back a chained transaction
-// that finds no row, so a connection is not kept for a table that is empty.
-//
-// ChainCommit is called once, when a subscription starts. It returns the
-// statement, or "" when the server connected to has none (PostgreSQL
-// before 12); an error only when the server could not be asked.
-type TxChainer interface {
-	ChainCommit(ctx context.Context, db *sqlx.DB) (string, error)
-}
-
-// ClaimBeginner is an optional capability: BeginClaim opens claim
-// transactions (SQLite opens them IMMEDIATE). Without it the forms call
-// db.BeginTxx with the claim isolation.
-type ClaimBeginner interface {
-	BeginClaim(ctx context.Context, db *sqlx.DB, opts *sql.TxOptions) (*sqlx.Tx, error)
+// Starter is called once when a subscription starts, before the broker
+// reads the live table's columns (a column Start does not find is left to
+// that check). It fails with a
+// *sqlxbroker.VersionError (ErrServerTooOld) on a server too old for
+// p.Form, a *sqlxbroker.TableError for a column that cannot work (a lease
+// column that would not keep the token exactly), or another clear error
+// for a connection the dialect cannot live with. It may take what the
+// subscription needs for its life and return how to give it back, called
+// when the subscription stops (SQLite's advisory form takes a file lock
+// that keeps a second process off its in-process keys: ErrAdvisoryConflict).
+// Without it nothing is checked beyond the columns.
+type Starter interface {
+	Start(ctx context.Context, pool *Pool, p *Plan) (stop func() error, err error)
 }
 
 // Waker is an optional capability: subscribers are woken when rows arrive,
-// so they claim at once rather than on the next poll.
+// so they claim at once rather than on the next poll. Without it
+// subscriptions of other processes poll; those of the publishing broker are
+// woken in the process.
 type Waker interface {
-	// WakeStatement returns a statement (and args) that Publish runs in the
-	// publishing transaction to wake the table's listeners; "" for none.
-	// Placeholders are written '?' and rebound, like every statement.
+	// WakeStatement returns a statement and its args that Publish runs in
+	// the publishing transaction to wake the table's listeners; "" none.
 	WakeStatement(p *Plan) (string, []any)
 	// Listen returns a channel that receives after rows arrive in the
-	// table. The channel is closed when ctx ends. An error means the
-	// subscription polls only.
-	Listen(ctx context.Context, db *sqlx.DB, p *Plan) (<-chan struct{}, error)
+	// table, closed when ctx ends. An error means the subscription polls.
+	Listen(ctx context.Context, pool *Pool, p *Plan) (<-chan struct{}, error)
 }
 
 // DDLParams is the input of TableCreator.CreateTable.
@@ -255,42 +216,8 @@ type DDLParams struct {
 	Payload [][2]string
 }
 
-// StatementPreparer is an optional capability: PrepareStatements reports
-// whether forms may prepare the statements they repeat for every delivery
-// (the row-lock claim and completion), once per connection, instead of
-// sending their text each time. The server then parses and plans them once;
-// on PostgreSQL a row-lock delivery costs about a quarter less. A dialect
-// returns false where prepared statements do not survive (PgBouncer in
-// transaction mode before 1.21, which hands each transaction another
-// server session). Without the capability nothing is prepared.
-//
-// A prepared statement that fails is dropped and prepared again on its next
-// use, so a table altered while subscriptions run (PostgreSQL's "cached
-// plan must not change result type") costs one failed claim.
-type StatementPreparer interface {
-	PrepareStatements() bool
-}
-
-// LockWaitLimiter is an optional capability: statements that bound how long
-// a session's statements wait for a row lock. The advisory form's key
-// session runs the set statement when it is taken from the pool and the
-// reset statement before it goes back, so a completion that waits on a row
-// an application's transaction holds fails alone, as a statement error,
-// before the form's own statement time (10 s) runs out: the drivers give
-// up a connection whose statement they cancel, and with the key session
-// every delivery it holds would be lost. Without the capability such a
-// completion ends the session.
-type LockWaitLimiter interface {
-	// LockWaitLimit returns the statement that makes the session's
-	// statements give up a row lock wait after about d (d is whole
-	// seconds, at least 1 s; a server that counts in seconds rounds up),
-	// and the statement that restores the session's default. Both run
-	// outside any transaction and take no arguments.
-	LockWaitLimit(d time.Duration) (set, reset string)
-}
-
-// TableCreator is an optional capability: CreateTable returns the
-// statements that create the recommended table and indexes.
+// TableCreator is an optional capability: the statements that create the
+// recommended table and indexes. Without it Broker.TableDDL fails.
 type TableCreator interface {
 	CreateTable(p *DDLParams) ([]string, error)
 }
@@ -298,21 +225,13 @@ type TableCreator interface {
 // Capabilities are a dialect's optional interfaces, found once. A nil field
 // is a capability the dialect lacks.
 type Capabilities struct {
-	RowLocker        RowLocker
-	Leaser           Leaser
-	LeaseFencer      LeaseFencer
-	AdvisoryLocker   AdvisoryLocker
-	AdvisoryBatcher  AdvisoryBatcher
-	AdvisoryAttacher AdvisoryAttacher
-	GroupGuard       GroupGuard
-	ServerChecker    ServerChecker
-	TableChecker     TableChecker
-	ClaimBeginner    ClaimBeginner
-	TxChainer        TxChainer
-	Preparer         StatementPreparer
-	LockWaitLimiter  LockWaitLimiter
-	Waker            Waker
-	TableCreator     TableCreator
+	RowLocker      RowLocker
+	Leaser         Leaser
+	AdvisoryLocker AdvisoryLocker
+	GroupGuard     GroupGuard
+	Starter        Starter
+	Waker          Waker
+	TableCreator   TableCreator
 }
 
 // CapabilitiesOf discovers d's capabilities. This is the one place the
@@ -321,17 +240,9 @@ func CapabilitiesOf(d Dialect) Capabilities {
 	var c Capabilities
 	c.RowLocker, _ = d.(RowLocker)
 	c.Leaser, _ = d.(Leaser)
-	c.LeaseFencer, _ = d.(LeaseFencer)
 	c.AdvisoryLocker, _ = d.(AdvisoryLocker)
-	c.AdvisoryBatcher, _ = d.(AdvisoryBatcher)
-	c.AdvisoryAttacher, _ = d.(AdvisoryAttacher)
 	c.GroupGuard, _ = d.(GroupGuard)
-	c.ServerChecker, _ = d.(ServerChecker)
-	c.TableChecker, _ = d.(TableChecker)
-	c.ClaimBeginner, _ = d.(ClaimBeginner)
-	c.TxChainer, _ = d.(TxChainer)
-	c.Preparer, _ = d.(StatementPreparer)
-	c.LockWaitLimiter, _ = d.(LockWaitLimiter)
+	c.Starter, _ = d.(Starter)
 	c.Waker, _ = d.(Waker)
 	c.TableCreator, _ = d.(TableCreator)
 	return c

@@ -35,6 +35,6 @@ var (
 	// kept apart and a row could be delivered twice.
 	ErrAdvisoryConflict = errors.New("sqlxbroker: advisory keys held by another process")
 
-	// ErrClosed: the subscription or form is stopped.
+	// ErrClosed: the broker (or the pool it owns) is closed.
 	ErrClosed = errors.New("sqlxbroker: closed")
 )

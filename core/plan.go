@@ -164,3 +164,22 @@ func (p *Plan) Head(alias string) string {
 
 // OrderBy is the ORDER BY list of claims over alias.
 func (p *Plan) OrderBy(alias string) string { return col(alias, p.QOrder) }
+
+// FencePairs is the portable condition of Leaser.FenceLeases: the ids
+// first, so the server reads (and locks) the batch's rows alone, by primary
+// key, then the (id, token) pairs OR'ed. Pairs alone may make a server scan
+// the table (MariaDB did, locking every row it passed).
+func FencePairs(p *Plan, ids, tokens []any) (string, []any) {
+	var b strings.Builder
+	b.WriteString(p.QID + " IN (?" + strings.Repeat(", ?", len(ids)-1) + ") AND (")
+	args := append(make([]any, 0, 3*len(ids)), ids...)
+	for i := range ids {
+		if i > 0 {
+			b.WriteString(" OR ")
+		}
+		b.WriteString("(" + p.QID + " = ? AND " + p.QLockedUntil + " = ?)")
+		args = append(args, ids[i], tokens[i])
+	}
+	b.WriteString(")")
+	return b.String(), args
+}

@@ -23,7 +23,6 @@ type advisory struct {
 	base
 	mu      sync.Mutex
 	held    map[string]bool // keys this form holds or is trying
-	release func() error
 	keys    keyHolder
 	stop    chan struct{} // ends the holder's pings
 	stopped sync.Once
@@ -56,13 +55,6 @@ const advisoryClaimers = 2
 const AdvisoryConnections = 1 + advisoryClaimers
 
 func (f *advisory) Start(ctx context.Context) error {
-	if a := f.plan.Caps.AdvisoryAttacher; a != nil {
-		rel, err := a.AttachAdvisory(ctx, f.db)
-		if err != nil {
-			return err
-		}
-		f.release = rel
-	}
 	go f.keys.pings(f.stop)
 	return nil
 }
@@ -73,9 +65,6 @@ func (f *advisory) Start(ctx context.Context) error {
 func (f *advisory) Close() error {
 	f.stopped.Do(func() { close(f.stop) })
 	f.keys.close()
-	if f.release != nil {
-		return f.release()
-	}
 	return nil
 }
 
@@ -193,7 +182,7 @@ func (f *advisory) takeAll(ctx context.Context, claims []*advisoryClaim) ([]core
 		}
 		free = append(free, c)
 	}
-	if f.plan.QGroup != "" && f.plan.Caps.GroupGuard != nil {
+	if f.plan.QGroup != "" {
 		for _, c := range claims {
 			r, err := f.count(ctx, c.id)
 			keep(c, r, err)
@@ -301,9 +290,9 @@ func (f *advisory) count(ctx context.Context, id any) (*row, error) {
 		sqlx.QueryerContext
 	} = f.db
 	var tx *sqlx.Tx
-	if p.QGroup != "" && p.Caps.GroupGuard != nil {
+	if p.QGroup != "" {
 		var err error
-		if tx, err = f.db.BeginTxx(ctx, f.txOptions()); err != nil {
+		if tx, err = f.begin(ctx); err != nil {
 			return nil, err
 		}
 		defer tx.Rollback() //nolint:errcheck // no-op after Commit
@@ -452,7 +441,7 @@ func (f *advisory) flusher() {
 // Each statement has holderTimeout of its own (stmtCtx), and so does the
 // ping that follows a failure: a statement that failed by itself (a
 // constraint, a row lock waited on for longer than the session's limit,
-// core.LockWaitLimiter) costs only its own deliveries. One that ran out of
+// AdvisoryLocker.LockWaitLimit) costs only its own deliveries. One that ran out of
 // time costs the session: lib/pq and go-sql-driver give up a connection
 // whose statement they cancel, so its keys go with it and every delivery
 // it held is lost; the rows come back with their attempt counted.

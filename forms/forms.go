@@ -23,10 +23,10 @@ import (
 	"github.com/sqlxbroker/sqlxbroker/core"
 )
 
-// New returns the claim form p's table selects, bound to db. The broker
+// New returns the claim form p's table selects, bound to pool. The broker
 // made p, so the dialect offers the form.
-func New(db *sqlx.DB, p *core.Plan) core.ClaimForm {
-	b := base{db: db, plan: p, scan: &cursor{}}
+func New(pool *core.Pool, p *core.Plan) core.ClaimForm {
+	b := base{pool: pool, db: pool.DB, plan: p, scan: &cursor{}}
 	switch p.Form {
 	case core.RowLock:
 		return newRowLock(b)
@@ -39,6 +39,7 @@ func New(db *sqlx.DB, p *core.Plan) core.ClaimForm {
 
 // base holds what every form shares.
 type base struct {
+	pool *core.Pool
 	db   *sqlx.DB
 	plan *core.Plan
 	scan *cursor
@@ -102,23 +103,18 @@ func (c *cursor) reset() {
 	c.mu.Unlock()
 }
 
-// txOptions are the options of claim transactions: the table's isolation,
-// else the dialect's claim isolation.
-func (b *base) txOptions() *sql.TxOptions {
-	iso := b.plan.Isolation
-	if iso == sql.LevelDefault && b.plan.Caps.RowLocker != nil {
-		iso = b.plan.Caps.RowLocker.ClaimIsolation()
+// isolation is the isolation of claim transactions: the table's, else the
+// dialect's.
+func (b *base) isolation() sql.IsolationLevel {
+	if iso := b.plan.Isolation; iso != sql.LevelDefault {
+		return iso
 	}
-	return &sql.TxOptions{Isolation: iso}
+	return b.plan.Dialect.Features().ClaimIsolation
 }
 
 // begin opens a claim transaction whose life is bound to ctx.
 func (b *base) begin(ctx context.Context) (*sqlx.Tx, error) {
-	opts := b.txOptions()
-	if c := b.plan.Caps.ClaimBeginner; c != nil {
-		return c.BeginClaim(ctx, b.db, opts)
-	}
-	return b.db.BeginTxx(ctx, opts)
+	return b.pool.BeginClaim(ctx, b.isolation())
 }
 
 // row is one row read with every column.

@@ -2,7 +2,6 @@ package forms
 
 import (
 	"context"
-	"database/sql/driver"
 	"fmt"
 	"sync"
 	"time"
@@ -14,7 +13,7 @@ import (
 // keyHolder is the session that holds an advisory form's keys: one
 // connection, taken from the pool when a key is tried while none is kept,
 // and given back once it has held no key for keepFor (or the form closes).
-// A claim's keys are tried in one statement (core.AdvisoryBatcher);
+// A claim's keys are tried in one statement (core.AdvisoryLocker);
 // completions are written on the session (advisory.flush) and their keys
 // released in one statement, as are the keys of rows a claim did not take
 // (unlock).
@@ -22,7 +21,7 @@ import (
 // Its statements run without the caller's cancellation (a stopping
 // subscription must not lose the keys of the deliveries in work) but with
 // a timeout, and wait for row locks for less than that where the dialect
-// can bound it (core.LockWaitLimiter). When one fails, the session's locks
+// can bound it (AdvisoryLocker.LockWaitLimit). When one fails, the session's locks
 // are unknown: it is closed, which makes the server drop them, and its
 // deliveries are lost (holding). While keys are held an idle session is
 // pinged every pingEvery, so a session that ended (killed, failed over)
@@ -40,7 +39,7 @@ type keyHolder struct {
 const holderTimeout = 10 * time.Second
 
 // lockWait is how long a statement of the holder's session waits for a row
-// lock where the dialect can bound it (core.LockWaitLimiter): well within
+// lock where the dialect can bound it (AdvisoryLocker.LockWaitLimit): well within
 // holderTimeout, so a completion blocked by an application's transaction
 // fails alone rather than ending the session.
 const lockWait = holderTimeout / 2
@@ -83,13 +82,12 @@ func (h *keyHolder) tryOn(ctx context.Context, keys []string) ([]bool, error) {
 		if err != nil {
 			return nil, fmt.Errorf("sqlxbroker: advisory: a session for the keys: %w", err)
 		}
-		if l := h.f.plan.Caps.LockWaitLimiter; l != nil {
-			set, _ := l.LockWaitLimit(lockWait)
+		if set, _ := h.f.plan.Caps.AdvisoryLocker.LockWaitLimit(lockWait); set != "" {
 			sctx, cancel := stmtCtx(ctx)
 			_, err := conn.ExecContext(sctx, set)
 			cancel()
 			if err != nil {
-				discard(conn)
+				core.Discard(conn)
 				return nil, fmt.Errorf("sqlxbroker: advisory: limit the key session's lock waits: %w", err)
 			}
 		}
@@ -97,7 +95,7 @@ func (h *keyHolder) tryOn(ctx context.Context, keys []string) ([]bool, error) {
 	}
 	sctx, cancel := stmtCtx(ctx)
 	defer cancel()
-	ok, err := lockKeys(sctx, h.f.plan.Caps, h.sess, keys)
+	ok, err := h.lockKeys(sctx, h.sess, keys)
 	if err != nil {
 		h.fail()
 		return nil, fmt.Errorf("sqlxbroker: try advisory locks (%d keys): %w", len(keys), err)
@@ -145,7 +143,7 @@ func (h *keyHolder) release(ctx context.Context, cs []*advisoryClaim) error {
 		return nil
 	}
 	sctx, cancel := stmtCtx(ctx)
-	err := unlockKeys(sctx, h.f.plan.Caps, h.sess, keys)
+	err := h.unlockKeys(sctx, h.sess, keys)
 	cancel()
 	if err != nil {
 		h.fail()
@@ -190,20 +188,20 @@ func (h *keyHolder) pings(stop <-chan struct{}) {
 }
 
 // fail closes the session for good (the server drops its keys) and loses
-// its deliveries. Keys that the server does not hold (core.AdvisoryAttacher:
-// SQLite keeps them in the process) outlive the session and are released
-// on another connection, or they would stay held until the process ends.
+// its deliveries. Keys that the server does not hold (SQLite keeps them in
+// the process) would outlive the session: they are released on another
+// connection, which for keys the server held releases nothing.
 func (h *keyHolder) fail() {
-	discard(h.sess)
+	core.Discard(h.sess)
 	h.gen.lose()
-	if h.f.plan.Caps.AdvisoryAttacher != nil && len(h.held) > 0 {
+	if len(h.held) > 0 {
 		keys := make([]string, 0, len(h.held))
 		for k := range h.held {
 			keys = append(keys, k)
 		}
 		ctx, cancel := stmtCtx(context.Background())
 		if conn, err := h.f.db.Connx(ctx); err == nil {
-			_ = unlockKeys(ctx, h.f.plan.Caps, conn, keys)
+			_ = h.unlockKeys(ctx, conn, keys)
 			conn.Close()
 		}
 		cancel()
@@ -223,13 +221,12 @@ func (h *keyHolder) close() {
 // giveBack returns the session, which holds no key, to the pool, its lock
 // wait limit reset; a session that cannot be reset is closed instead.
 func (h *keyHolder) giveBack() {
-	if l := h.f.plan.Caps.LockWaitLimiter; l != nil {
-		_, reset := l.LockWaitLimit(lockWait)
+	if _, reset := h.f.plan.Caps.AdvisoryLocker.LockWaitLimit(lockWait); reset != "" {
 		ctx, cancel := stmtCtx(context.Background())
 		_, err := h.sess.ExecContext(ctx, reset)
 		cancel()
 		if err != nil {
-			discard(h.sess)
+			core.Discard(h.sess)
 			h.sess, h.gen, h.held = nil, nil, nil
 			return
 		}
@@ -238,52 +235,27 @@ func (h *keyHolder) giveBack() {
 	h.sess, h.gen, h.held = nil, nil, nil
 }
 
-// discard closes conn for good: the pool does not get it back.
-func discard(conn *sqlx.Conn) {
-	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
-	conn.Close()
-}
-
-// lockKeys tries keys on conn: in statements of up to batchKeys keys where
-// the dialect batches them, else one by one.
-func lockKeys(ctx context.Context, caps core.Capabilities, conn *sqlx.Conn, keys []string) ([]bool, error) {
-	if b := caps.AdvisoryBatcher; b != nil {
-		var out []bool
-		for i := 0; i < len(keys); i += batchKeys {
-			ok, err := b.TryAdvisoryLocks(ctx, conn, keys[i:min(i+batchKeys, len(keys))])
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, ok...)
+// lockKeys tries keys on conn, in statements of up to batchKeys keys.
+func (h *keyHolder) lockKeys(ctx context.Context, conn *sqlx.Conn, keys []string) ([]bool, error) {
+	var out []bool
+	for i := 0; i < len(keys); i += batchKeys {
+		ok, err := h.f.plan.Caps.AdvisoryLocker.TryAdvisoryLocks(ctx, &core.AdvisoryParams{Pool: h.f.pool, Conn: conn, Keys: keys[i:min(i+batchKeys, len(keys))]})
+		if err != nil {
+			return nil, err
 		}
-		if len(out) != len(keys) {
-			return nil, fmt.Errorf("the dialect's TryAdvisoryLocks returned %d results for %d keys", len(out), len(keys))
-		}
-		return out, nil
+		out = append(out, ok...)
 	}
-	out := make([]bool, len(keys))
-	for i, k := range keys {
-		var err error
-		if out[i], err = caps.AdvisoryLocker.TryAdvisoryLock(ctx, conn, k); err != nil {
-			return nil, fmt.Errorf("key %q: %w", k, err)
-		}
+	if len(out) != len(keys) {
+		return nil, fmt.Errorf("the dialect's TryAdvisoryLocks returned %d results for %d keys", len(out), len(keys))
 	}
 	return out, nil
 }
 
 // unlockKeys releases keys on conn, batched as lockKeys tries them.
-func unlockKeys(ctx context.Context, caps core.Capabilities, conn *sqlx.Conn, keys []string) error {
-	if b := caps.AdvisoryBatcher; b != nil {
-		for i := 0; i < len(keys); i += batchKeys {
-			if err := b.AdvisoryUnlocks(ctx, conn, keys[i:min(i+batchKeys, len(keys))]); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	for _, k := range keys {
-		if err := caps.AdvisoryLocker.AdvisoryUnlock(ctx, conn, k); err != nil {
-			return fmt.Errorf("key %q: %w", k, err)
+func (h *keyHolder) unlockKeys(ctx context.Context, conn *sqlx.Conn, keys []string) error {
+	for i := 0; i < len(keys); i += batchKeys {
+		if err := h.f.plan.Caps.AdvisoryLocker.AdvisoryUnlocks(ctx, &core.AdvisoryParams{Pool: h.f.pool, Conn: conn, Keys: keys[i:min(i+batchKeys, len(keys))]}); err != nil {
+			return err
 		}
 	}
 	return nil

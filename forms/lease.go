@@ -3,7 +3,6 @@ package forms
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -67,7 +66,7 @@ func (f *lease) Close() error {
 
 func (f *lease) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	p := f.plan
-	fifo := p.QGroup != "" && p.Caps.GroupGuard != nil
+	fifo := p.QGroup != ""
 	if !fifo && p.Dialect.Features().LeaseClaimStatement {
 		// One statement that waits for nothing commits by itself. It is
 		// not cut short when ctx ends (a stopping subscription): rows it
@@ -96,7 +95,7 @@ func (f *lease) claimOn(ctx context.Context, q core.Querier, tx *sqlx.Tx, now ti
 	p := f.plan
 	deadline := now.Add(f.dur)
 	where, args := p.Ready(p.Alias, now)
-	if p.QGroup != "" && p.Caps.GroupGuard != nil {
+	if p.QGroup != "" {
 		ids, err := guardedHeads(ctx, tx, p, where, args, max)
 		if err != nil {
 			return nil, fmt.Errorf("sqlxbroker: lease claim on %s: %w", p.Table, err)
@@ -283,8 +282,7 @@ func fenced(n int64, err error) error {
 }
 
 // fence returns the condition that matches each claim's row while it still
-// holds the claim's token: the dialect's LeaseFencer, else the ids and
-// OR'ed pairs.
+// holds the claim's token (Leaser.FenceLeases).
 func (f *lease) fence(claims []*leaseClaim, tokens []time.Time) (string, []any) {
 	p := f.plan
 	ids := make([]any, len(claims))
@@ -292,25 +290,7 @@ func (f *lease) fence(claims []*leaseClaim, tokens []time.Time) (string, []any) 
 	for i, c := range claims {
 		ids[i], toks[i] = c.row.ID, p.Time(tokens[i])
 	}
-	if lf := p.Caps.LeaseFencer; lf != nil {
-		return lf.FenceLeases(p, ids, toks)
-	}
-	// The ids first: the server then reads (and locks) the batch's rows
-	// alone, by primary key, where OR'ed pairs alone may make it scan the
-	// table (MariaDB did, locking every row it passed under REPEATABLE
-	// READ, which deadlocked with claims).
-	var b strings.Builder
-	b.WriteString(p.QID + " IN " + marks(len(ids)) + " AND (")
-	args := append(make([]any, 0, 3*len(claims)), ids...)
-	for i := range claims {
-		if i > 0 {
-			b.WriteString(" OR ")
-		}
-		b.WriteString("(" + p.QID + " = ? AND " + p.QLockedUntil + " = ?)")
-		args = append(args, ids[i], toks[i])
-	}
-	b.WriteString(")")
-	return b.String(), args
+	return p.Caps.Leaser.FenceLeases(p, ids, toks)
 }
 
 // fencedBatch runs "<head> WHERE <fence of claims>" and reports, per

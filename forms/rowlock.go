@@ -21,7 +21,8 @@ type rowLock struct {
 	life   context.Context
 	cancel context.CancelFunc
 
-	chain  string // the dialect's COMMIT AND CHAIN (TxChainer); "" for none
+	skip   string // the locking clause (core.RowLockSQL)
+	chain  string // COMMIT AND CHAIN; "" for none
 	mu     sync.Mutex
 	spares []*claimTx // chained transactions waiting for their next claim
 
@@ -64,14 +65,11 @@ func newRowLock(b base) *rowLock {
 func (f *rowLock) Traits() core.Traits { return core.Traits{} }
 
 func (f *rowLock) Start(ctx context.Context) error {
-	if c := f.plan.Caps.TxChainer; c != nil {
-		chain, err := c.ChainCommit(ctx, f.db)
-		if err != nil {
-			return fmt.Errorf("sqlxbroker: row-lock form on %s: %w", f.plan.Table, err)
-		}
-		f.chain = chain
+	rl, err := f.plan.Caps.RowLocker.RowLock(ctx, f.pool)
+	if err != nil {
+		return fmt.Errorf("sqlxbroker: row-lock form on %s: %w", f.plan.Table, err)
 	}
-	f.prepare = f.plan.Caps.Preparer != nil && f.plan.Caps.Preparer.PrepareStatements()
+	f.skip, f.chain, f.prepare = rl.SkipLocked, rl.ChainCommit, rl.Prepare
 	return nil
 }
 
@@ -307,14 +305,14 @@ func (f *rowLock) claimIn(ctx context.Context, t *claimTx) (core.Claim, error) {
 	where, args := p.Ready(p.Alias, core.Now())
 	var rows []row
 	var err error
-	if p.QGroup != "" && p.Caps.GroupGuard != nil {
+	if p.QGroup != "" {
 		rows, err = f.claimHead(ctx, t.tx, where, args)
 	} else {
 		// From the cursor first; when that finds nothing, from the start.
 		for retry := false; ; retry = true {
 			from, fromArgs := f.scan.from(p, p.Alias, retry)
 			rows, err = f.query(ctx, t, p.Rebind("SELECT * FROM "+p.QTable+" "+p.Alias+" WHERE "+where+from+
-				" ORDER BY "+p.OrderBy(p.Alias)+" LIMIT 1 "+p.Caps.RowLocker.SkipLocked()), append(args, fromArgs...))
+				" ORDER BY "+p.OrderBy(p.Alias)+" LIMIT 1 "+f.skip), append(args, fromArgs...))
 			if err != nil || len(rows) > 0 || from == "" {
 				break
 			}
@@ -351,7 +349,7 @@ func (f *rowLock) claimHead(ctx context.Context, tx *sqlx.Tx, where string, args
 	if err != nil {
 		return nil, err
 	}
-	lockSQL := p.Rebind("SELECT * FROM " + p.QTable + " " + p.Alias + " WHERE " + where + " AND " + p.Alias + "." + p.QID + " = ? " + p.Caps.RowLocker.SkipLocked())
+	lockSQL := p.Rebind("SELECT * FROM " + p.QTable + " " + p.Alias + " WHERE " + where + " AND " + p.Alias + "." + p.QID + " = ? " + f.skip)
 	// Guard one group at a time and stop at the first head locked: the
 	// guard lasts as long as the delivery's transaction, so guarding more
 	// groups than the one delivered would hold them all up.

@@ -10,6 +10,8 @@ package main
 import (
 	"fmt"
 	"os"
+
+	"github.com/sqlxbroker/sqlxbroker/conformance"
 )
 
 const usage = `usage: sqlxbroker <command> [flags]
@@ -32,7 +34,7 @@ func main() {
 	case "demo":
 		err = demo(os.Args[2:])
 	case "conformance":
-		err = conformanceCmd(os.Args[2:])
+		os.Exit(conformance.Main(os.Args[2:]))
 	case "soak":
 		err = soakCmd(os.Args[2:])
 	case "soak-worker": // started by soak, configured through its environment

@@ -505,8 +505,9 @@ func runSoak(ctx context.Context, c soakConfig) (*soakReport, error) {
 	workers := make([]*worker, c.Workers)
 	for i := range workers {
 		sub := slices.Clone(names)
-		if caps.AdvisoryAttacher != nil {
-			// One process per database file may hold in-process keys.
+		if c.Driver == "sqlite" {
+			// SQLite keeps advisory keys in the process: one process per
+			// database file may hold them (others get ErrAdvisoryConflict).
 			advisoryWorker := min(1, c.Workers-1)
 			if i != advisoryWorker {
 				sub = slices.DeleteFunc(sub, func(s string) bool { v, _ := variantNamed(s); return v.Form == sqlxbroker.Advisory })

@@ -29,7 +29,7 @@
 // library compares; the server converts the text when it meets a DATETIME
 // column. A lease column must be DATETIME(6): a column without microseconds
 // would not hold the deadline token exactly, and TIMESTAMP converts through
-// the session time zone. CheckTable refuses other types; CreateTable makes
+// the session time zone. Start refuses other types; CreateTable makes
 // every timestamp column DATETIME(6). With parseTime=true the driver reads
 // DATETIME values as wall clock in loc, so leave loc at its default (UTC)
 // when handlers read the table's timestamps.
@@ -43,7 +43,7 @@
 // dialect works either way. A claim transaction names READ COMMITTED, one
 // more round trip, unless the DSN starts sessions there
 // (tx_isolation='READ-COMMITTED' on MariaDB, transaction_isolation on
-// MySQL; CheckServer notices).
+// MySQL; Start notices).
 //
 // Limits: a FIFO table in the advisory form needs MariaDB (the form's take
 // is an UPDATE with a subquery on its own table, which MySQL 8 rejects with
@@ -60,7 +60,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	_ "github.com/go-sql-driver/mysql" // the "mysql" database/sql driver
@@ -74,7 +73,7 @@ func init() { sqlxbroker.Register("mysql", Dialect{}) }
 // Dialect is the MySQL/MariaDB dialect. The zero value serves both servers.
 type Dialect struct {
 	// MariaDB declares the server MariaDB: lease completions are batched
-	// with DELETE .. RETURNING, and CheckServer refuses a MySQL server.
+	// with DELETE .. RETURNING, and Start refuses a MySQL server.
 	MariaDB bool
 }
 
@@ -83,19 +82,10 @@ var _ interface {
 	core.RowLocker
 	core.Leaser
 	core.AdvisoryLocker
-	core.AdvisoryBatcher
 	core.GroupGuard
-	core.ServerChecker
-	core.TableChecker
+	core.Starter
 	core.TableCreator
-	core.ClaimBeginner
-	core.TxChainer
-	core.StatementPreparer
 } = Dialect{}
-
-// PrepareStatements: always (core.StatementPreparer); the server prepares
-// a statement again by itself when its table changes.
-func (Dialect) PrepareStatements() bool { return true }
 
 // LockWaitLimit sets and resets the session's innodb_lock_wait_timeout
 // (whole seconds).
@@ -122,26 +112,45 @@ const timeLayout = "2006-01-02 15:04:05.000000"
 func (Dialect) EncodeTime(t time.Time) any { return t.UTC().Format(timeLayout) }
 
 // Features: MariaDB has DELETE .. RETURNING (10.0.5+) but no UPDATE ..
-// RETURNING; MySQL has neither.
-func (d Dialect) Features() core.Features { return core.Features{DeleteReturning: d.MariaDB} }
+// RETURNING; MySQL has neither. Claims run at READ COMMITTED: locking reads
+// lock the rows they return, not the gaps between them, and each statement
+// reads the latest commits.
+func (d Dialect) Features() core.Features {
+	return core.Features{DeleteReturning: d.MariaDB, ClaimIsolation: sql.LevelReadCommitted}
+}
 
-// SkipLocked is the locking clause of claims.
-func (Dialect) SkipLocked() string { return "FOR UPDATE SKIP LOCKED" }
+// RowLock locks with FOR UPDATE SKIP LOCKED, chains commits with COMMIT AND
+// CHAIN (every MySQL and MariaDB server has it; the next transaction keeps
+// the claim's isolation), and prepares statements (the server prepares one
+// again by itself when its table changes).
+func (Dialect) RowLock(context.Context, *core.Pool) (*core.RowLockSQL, error) {
+	return &core.RowLockSQL{SkipLocked: "FOR UPDATE SKIP LOCKED", ChainCommit: "COMMIT AND CHAIN", Prepare: true}, nil
+}
 
-// ClaimIsolation is READ COMMITTED: locking reads lock the rows they return,
-// not the gaps between them, and each statement reads the latest commits.
-func (Dialect) ClaimIsolation() sql.IsolationLevel { return sql.LevelReadCommitted }
-
-// ChainCommit is COMMIT AND CHAIN, which every MySQL and MariaDB server
-// takes: the next transaction keeps the isolation of the claim.
-func (Dialect) ChainCommit(context.Context, *sqlx.DB) (string, error) { return "COMMIT AND CHAIN", nil }
+// FenceLeases is the portable fence (core.FencePairs).
+func (Dialect) FenceLeases(p *core.Plan, ids, tokens []any) (string, []any) {
+	return core.FencePairs(p, ids, tokens)
+}
 
 // ---- server ----
 
-// CheckServer checks the version and the session settings a pool gives:
+// Start checks the server and the table (checkTable) when a subscription
+// starts.
+func (d Dialect) Start(ctx context.Context, pool *core.Pool, p *core.Plan) (func() error, error) {
+	if err := d.checkServer(ctx, pool, p.Form); err != nil {
+		return nil, err
+	}
+	return nil, checkTable(ctx, pool.DB, p)
+}
+
+// checkServer checks the version and the session settings a pool gives:
 // autocommit must be on (the advisory form writes outside transactions) and
-// columnsWithAlias off (the forms find columns by their plain names).
-func (d Dialect) CheckServer(ctx context.Context, db *sqlx.DB, form core.Form) error {
+// columnsWithAlias off (the forms find columns by their plain names). A pool
+// whose sessions start at READ COMMITTED is told so
+// (core.Pool.SetSessionIsolation): its claims then begin without naming the
+// level, which saves a statement each.
+func (d Dialect) checkServer(ctx context.Context, pool *core.Pool, form core.Form) error {
+	db := pool.DB
 	var version string
 	var autocommit int
 	if err := db.QueryRowxContext(ctx, "SELECT VERSION(), @@autocommit").Scan(&version, &autocommit); err != nil {
@@ -156,7 +165,9 @@ func (d Dialect) CheckServer(ctx context.Context, db *sqlx.DB, form core.Form) e
 	if autocommit != 1 {
 		return fmt.Errorf("sqlxbroker: mysql: the sessions run with autocommit=0, so statements outside a transaction never commit: remove autocommit=0 from the DSN")
 	}
-	readCommitted.Store(db, sessionIsolation(ctx, db) == "READ-COMMITTED")
+	if sessionIsolation(ctx, db) == "READ-COMMITTED" {
+		pool.SetSessionIsolation(sql.LevelReadCommitted)
+	}
 	rows, err := db.QueryxContext(ctx, "SELECT x FROM (SELECT 1 AS x) AS t")
 	if err != nil {
 		return fmt.Errorf("sqlxbroker: mysql: check column names: %w", err)
@@ -172,12 +183,6 @@ func (d Dialect) CheckServer(ctx context.Context, db *sqlx.DB, form core.Form) e
 	return nil
 }
 
-// readCommitted records, per pool, whether its sessions start at READ
-// COMMITTED (a DSN with transaction_isolation, or tx_isolation on MariaDB,
-// set to 'READ-COMMITTED'): claims then begin at the session's level and
-// save the SET TRANSACTION round trip a claim would otherwise send.
-var readCommitted sync.Map // *sqlx.DB -> bool
-
 // sessionIsolation reads the session's isolation level, "" when neither
 // variable answers.
 func sessionIsolation(ctx context.Context, db *sqlx.DB) string {
@@ -188,17 +193,6 @@ func sessionIsolation(ctx context.Context, db *sqlx.DB) string {
 		}
 	}
 	return ""
-}
-
-// BeginClaim opens a claim transaction; at READ COMMITTED on a pool whose
-// sessions start there (see readCommitted), without naming the level.
-func (Dialect) BeginClaim(ctx context.Context, db *sqlx.DB, opts *sql.TxOptions) (*sqlx.Tx, error) {
-	if opts != nil && opts.Isolation == sql.LevelReadCommitted {
-		if rc, _ := readCommitted.Load(db); rc == true {
-			return db.BeginTxx(ctx, nil)
-		}
-	}
-	return db.BeginTxx(ctx, opts)
 }
 
 // Lowest versions: the first releases with SELECT .. FOR UPDATE SKIP LOCKED.
@@ -246,12 +240,12 @@ func checkVersion(version string, form core.Form) error {
 const columnType = `SELECT DATA_TYPE, COALESCE(DATETIME_PRECISION, -1) FROM information_schema.COLUMNS
 WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? AND COLUMN_NAME = ?`
 
-// CheckTable fails with a *sqlxbroker.TableError for a FIFO table with SERIALIZABLE
+// checkTable fails with a *sqlxbroker.TableError for a FIFO table with SERIALIZABLE
 // claims (their plain reads wait for held rows), and when the lease column
 // is not DATETIME(6): the deadline it stores is the delivery token, compared
 // for equality, so it must keep microseconds and undergo no time zone
 // conversion. A column the lookup does not find is left to Plan.CheckLive.
-func (Dialect) CheckTable(ctx context.Context, db *sqlx.DB, p *core.Plan) error {
+func checkTable(ctx context.Context, db *sqlx.DB, p *core.Plan) error {
 	if p.Group != "" && p.Isolation == sql.LevelSerializable {
 		return &sqlxbroker.TableError{Table: p.Table, Field: "Isolation",
 			Reason: "a FIFO table cannot claim at SERIALIZABLE on MySQL/MariaDB: InnoDB makes the plain reads of the group locking reads that wait for rows in work; use READ COMMITTED (the default) or REPEATABLE READ"}
@@ -322,24 +316,11 @@ func (Dialect) ClaimLeases(ctx context.Context, on core.Querier, p *core.LeaseCl
 // such keys would otherwise share locks. The first '?' is that choice.
 const lockName = "(SELECT IF(LENGTH(n) > 64 OR ?, SHA2(n, 256), n) FROM (SELECT CONCAT(CAST(COALESCE(DATABASE(), '') AS BINARY), ':', UNHEX(?)) AS n) AS k)"
 
-// TryAdvisoryLock takes key's GET_LOCK for conn's session without waiting.
-func (d Dialect) TryAdvisoryLock(ctx context.Context, conn *sqlx.Conn, key string) (bool, error) {
-	ok, err := d.TryAdvisoryLocks(ctx, conn, []string{key})
-	if err != nil {
-		return false, err
-	}
-	return ok[0], nil
-}
-
-// AdvisoryUnlock releases key's GET_LOCK; a key not held is no error.
-func (d Dialect) AdvisoryUnlock(ctx context.Context, conn *sqlx.Conn, key string) error {
-	return d.AdvisoryUnlocks(ctx, conn, []string{key})
-}
-
-// TryAdvisoryLocks tries every key as TryAdvisoryLock does, in one
-// statement of one GET_LOCK per key (core.AdvisoryBatcher): 1 taken, 0
-// held elsewhere, NULL an error.
-func (Dialect) TryAdvisoryLocks(ctx context.Context, conn *sqlx.Conn, keys []string) ([]bool, error) {
+// TryAdvisoryLocks takes each key's GET_LOCK(name, 0) for the session, in
+// one statement of one GET_LOCK per key: 1 taken, 0 held elsewhere, NULL
+// an error.
+func (Dialect) TryAdvisoryLocks(ctx context.Context, p *core.AdvisoryParams) ([]bool, error) {
+	conn, keys := p.Conn, p.Keys
 	q, args := perKey("GET_LOCK("+lockName+", 0)", keys)
 	got := make([]sql.NullInt64, len(keys))
 	dest := make([]any, len(keys))
@@ -359,9 +340,10 @@ func (Dialect) TryAdvisoryLocks(ctx context.Context, conn *sqlx.Conn, keys []str
 	return out, nil
 }
 
-// AdvisoryUnlocks releases keys in one statement (core.AdvisoryBatcher);
-// RELEASE_LOCK answers 0 or NULL for a key not held, which is no error.
-func (Dialect) AdvisoryUnlocks(ctx context.Context, conn *sqlx.Conn, keys []string) error {
+// AdvisoryUnlocks releases keys in one statement; RELEASE_LOCK answers 0
+// or NULL for a key not held, which is no error.
+func (Dialect) AdvisoryUnlocks(ctx context.Context, p *core.AdvisoryParams) error {
+	conn, keys := p.Conn, p.Keys
 	q, args := perKey("RELEASE_LOCK("+lockName+")", keys)
 	released := make([]any, len(keys))
 	for i := range released {

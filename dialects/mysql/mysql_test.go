@@ -180,7 +180,9 @@ func TestSkipNotWait(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer conn.Close()
-				if ok, err := dialect.TryAdvisoryLock(hold, conn, "acct-a1"); !ok || err != nil {
+				pool := core.NewPool(other, dialect)
+				defer pool.Close()
+				if ok, err := dialect.TryAdvisoryLocks(hold, &core.AdvisoryParams{Pool: pool, Conn: conn, Keys: []string{"acct-a1"}}); err != nil || !ok[0] {
 					t.Fatalf("hold key: %v %v", ok, err)
 				}
 			}
@@ -496,14 +498,15 @@ func TestAdvisoryLongKey(t *testing.T) {
 		{exact, database + ":" + exact},
 		{exact + "f", hashOf(database + ":" + exact + "f")},
 	} {
-		if ok, err := dialect.TryAdvisoryLock(ctx, conn, c.key); !ok || err != nil {
+		ap := &core.AdvisoryParams{Conn: conn, Keys: []string{c.key}}
+		if ok, err := dialect.TryAdvisoryLocks(ctx, ap); err != nil || !ok[0] {
 			t.Fatalf("lock %q: %v %v", c.key, ok, err)
 		}
 		var used sql.NullInt64
 		if err := db2.Get(&used, "SELECT IS_USED_LOCK(?)", c.name); err != nil || !used.Valid {
 			t.Errorf("key of %d bytes: lock name %q not held (%v)", len(c.key), c.name, err)
 		}
-		if err := dialect.AdvisoryUnlock(ctx, conn, c.key); err != nil {
+		if err := dialect.AdvisoryUnlocks(ctx, ap); err != nil {
 			t.Error(err)
 		}
 	}
@@ -633,14 +636,16 @@ func TestClaimIsolation(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			db := openDB(t, c.dsn)
-			if err := (mysql.Dialect{}).CheckServer(context.Background(), db, sqlxbroker.RowLock); err != nil {
+			pool := core.NewPool(db, mysql.Dialect{})
+			defer pool.Close()
+			if _, err := (mysql.Dialect{}).Start(context.Background(), pool, &core.Plan{Form: sqlxbroker.RowLock}); err != nil {
 				t.Fatal(err)
 			}
 			writer := openDB(t, base)
 			name := fmt.Sprintf("sxb_iso_%d", time.Now().UnixNano())
 			writer.MustExec("CREATE TABLE " + name + " (id INT PRIMARY KEY)")
 			t.Cleanup(func() { writer.Exec("DROP TABLE " + name) })
-			tx, err := (mysql.Dialect{}).BeginClaim(context.Background(), db, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+			tx, err := pool.BeginClaim(context.Background(), sql.LevelReadCommitted)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -10,6 +10,7 @@ import (
 	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/conformance"
 	"github.com/sqlxbroker/sqlxbroker/conformance/provision"
+	"github.com/sqlxbroker/sqlxbroker/core"
 	"github.com/sqlxbroker/sqlxbroker/dialects/postgres"
 )
 
@@ -108,10 +109,13 @@ func TestChainCommit(t *testing.T) {
 				s = matrixDSN(t, c.env)
 			}
 			db := openDSN(s)(t)
-			got, err := postgres.Dialect{}.ChainCommit(context.Background(), db)
-			if err != nil || got != c.want {
-				t.Fatalf("ChainCommit: %q, %v; want %q", got, err, c.want)
+			pool := core.NewPool(db, postgres.Dialect{})
+			defer pool.Close()
+			rl, err := postgres.Dialect{}.RowLock(context.Background(), pool)
+			if err != nil || rl.ChainCommit != c.want {
+				t.Fatalf("RowLock: %+v, %v; want ChainCommit %q", rl, err, c.want)
 			}
+			got := rl.ChainCommit
 			if got == "" {
 				return
 			}

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"crypto/sha256"
+	"database/sql"
 	"database/sql/driver"
 	"encoding/hex"
 	"fmt"
@@ -12,26 +13,30 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 	"github.com/sqlxbroker/sqlxbroker/core"
+	"github.com/sqlxbroker/sqlxbroker/internal/wake"
 )
 
 // Wake-ups are LISTEN/NOTIFY on one channel per table: Publish runs
 // pg_notify in the publishing transaction (delivered at commit, once per
-// transaction), and each *sqlx.DB keeps one pooled connection that LISTENs
-// for all of its subscriptions. lib/pq reads a notification only while it
-// runs a statement on the connection, and a *sqlx.DB does not reveal the DSN
-// a pq.Listener would need, so that connection runs an empty statement every
-// heartbeat: a wake-up arrives within about one heartbeat. The connection
-// leaves the pool for good (it is closed, never returned) when the last
-// subscription of the pool stops, and is replaced when it fails; every
-// subscription is then woken, since notifications may have been missed.
+// transaction), and each broker's pool keeps one listener for all of its
+// subscriptions (core.Pool: the broker closes it).
 //
-// With a DSN (Dialect.ListenDSN, or a pool opened by Open) the wake-ups
-// come through a pq.Listener instead: its own connection reads
-// notifications as the server sends them, so a subscription wakes within a
-// round trip of the publishing commit, and no statement runs while idle.
+// With a DSN (Dialect.ListenDSN, or a pool opened by Open) the listener is a
+// pq.Listener on a connection of its own: it reads notifications as the
+// server sends them, so a subscription wakes within a round trip of the
+// publishing commit, and no statement runs while idle.
 //
-// The pgx stdlib driver is not imported, so its subscriptions poll only. A
-// pooler in transaction mode does not deliver notifications.
+// Without one, the listener is a pooled connection: lib/pq reads a
+// notification only while it runs a statement, and a *sqlx.DB does not
+// reveal the DSN a pq.Listener would need, so that connection runs an empty
+// statement every heartbeat and a wake-up arrives within about one
+// heartbeat. It leaves the pool for good (it is closed, never returned).
+//
+// Either listener is given up when the last subscription of the pool stops,
+// and replaced when it fails; every subscription is then woken, since
+// notifications may have been missed. The pgx stdlib driver is not
+// imported, so its subscriptions poll only. A pooler in transaction mode
+// does not deliver notifications.
 const heartbeat = 100 * time.Millisecond
 
 // channelOf is the notification channel of p's table: "sqlxbroker:<table>",
@@ -55,77 +60,137 @@ func (Dialect) WakeStatement(p *core.Plan) (string, []any) {
 // commits, and is closed when ctx ends. It fails at once for a driver other
 // than lib/pq or when the listening connection cannot be opened; the
 // subscription then polls only.
-func (d Dialect) Listen(ctx context.Context, db *sqlx.DB, p *core.Plan) (<-chan struct{}, error) {
-	if _, ok := db.Driver().(*pq.Driver); !ok {
+func (d Dialect) Listen(ctx context.Context, pool *core.Pool, p *core.Plan) (<-chan struct{}, error) {
+	db := pool.DB
+	switch db.Driver().(type) {
+	case *pq.Driver, *dsnDriver:
+	default:
 		return nil, fmt.Errorf("sqlxbroker: postgres: wake-ups need the lib/pq driver, not %T", db.Driver())
+	}
+	ls, err := core.Keep(pool, listenersKey{}, func() (*listeners, error) { return &listeners{db: db}, nil })
+	if err != nil {
+		return nil, err
 	}
 	name := channelOf(p)
 	ch := make(chan struct{}, 1)
-	if dsn := d.listenDSN(db); dsn != "" {
-		h := joinPush(dsn, name, ch)
-		go func() { <-ctx.Done(); h.leave(name, ch) }()
-		return ch, nil
-	}
-	h := join(db, name, ch)
-	if err := h.listen(ctx, name); err != nil {
-		h.leave(name, ch)
+	l, first := ls.join(d.listenDSN(db), name, ch)
+	if err := l.listen(ctx, name, first); err != nil {
+		l.leave(name, ch)
 		return nil, fmt.Errorf("sqlxbroker: postgres: listen on %q: %w", name, err)
 	}
-	go func() { <-ctx.Done(); h.leave(name, ch) }()
+	go func() { <-ctx.Done(); l.leave(name, ch) }()
 	return ch, nil
 }
 
-// hubs are the listening hubs by pool. The mutex also guards every hub's
-// subs; it is never held during a statement, since notifications are
-// dispatched from inside statements.
-var hubs = struct {
-	sync.Mutex
-	m map[*sqlx.DB]*hub
-}{m: map[*sqlx.DB]*hub{}}
+// listenersKey keeps a pool's listeners (core.Keep).
+type listenersKey struct{}
 
-// hub is one pool's listening connection and the receivers by channel.
+// listeners is a pool's listener, made on the first Listen and given up
+// when its last receiver leaves; Close (the broker's) ends it.
+type listeners struct {
+	db     *sqlx.DB
+	mu     sync.Mutex
+	cur    listener
+	closed bool
+}
+
+// listener is a hub or a pushHub.
+type listener interface {
+	fanout() *wake.Fanout
+	// listen LISTENs on name, new to the listener when first.
+	listen(ctx context.Context, name string, first bool) error
+	leave(name string, ch chan struct{})
+	stop()
+}
+
+// join adds ch as a receiver of name on the pool's listener (a pushHub on
+// dsn, else a hub), making one when there is none.
+func (ls *listeners) join(dsn, name string, ch chan struct{}) (l listener, first bool) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	switch h := ls.cur.(type) {
+	case *pushHub:
+		if h.dsn == dsn {
+			l = h
+		}
+	case *hub:
+		if dsn == "" {
+			l = h
+		}
+	}
+	if l == nil {
+		if ls.cur != nil {
+			ls.cur.stop()
+		}
+		if dsn != "" {
+			l = newPushHub(ls, dsn)
+		} else {
+			h := &hub{ls: ls, db: ls.db, done: make(chan struct{})}
+			go h.run()
+			l = h
+		}
+		ls.cur = l
+		if ls.closed {
+			l.stop()
+		}
+	}
+	return l, l.fanout().Add(name, ch)
+}
+
+// idle gives l up when its last receiver left; false when a receiver came
+// meanwhile.
+func (ls *listeners) idle(l listener) bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if !l.fanout().Empty() {
+		return false
+	}
+	if ls.cur == l {
+		ls.cur = nil
+	}
+	l.stop()
+	return true
+}
+
+// Close ends the listener (core.Pool.Close).
+func (ls *listeners) Close() error {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.closed = true
+	if ls.cur != nil {
+		ls.cur.stop()
+		ls.cur = nil
+	}
+	return nil
+}
+
+// hub is a pooled connection that LISTENs, read every heartbeat.
 type hub struct {
+	ls   *listeners
 	db   *sqlx.DB
-	subs map[string]map[chan struct{}]struct{}
+	subs wake.Fanout
 
 	io   sync.Mutex // held for every statement on conn
 	conn *sqlx.Conn // nil: not connected
+
+	once sync.Once
+	done chan struct{}
 }
 
-// join adds ch as a receiver of channel name on db's hub, starting the hub.
-func join(db *sqlx.DB, name string, ch chan struct{}) *hub {
-	hubs.Lock()
-	defer hubs.Unlock()
-	h := hubs.m[db]
-	if h == nil {
-		h = &hub{db: db, subs: map[string]map[chan struct{}]struct{}{}}
-		hubs.m[db] = h
-		go h.run()
-	}
-	if h.subs[name] == nil {
-		h.subs[name] = map[chan struct{}]struct{}{}
-	}
-	h.subs[name][ch] = struct{}{}
-	return h
-}
+func (h *hub) fanout() *wake.Fanout { return &h.subs }
 
 // leave removes and closes ch. The hub stops at its next heartbeat when no
 // receiver is left; the channel stays listened to until then (harmless).
 func (h *hub) leave(name string, ch chan struct{}) {
-	hubs.Lock()
-	defer hubs.Unlock()
-	if _, ok := h.subs[name][ch]; !ok {
-		return
+	if was, _ := h.subs.Remove(name, ch); was {
+		close(ch)
 	}
-	delete(h.subs[name], ch)
-	if len(h.subs[name]) == 0 {
-		delete(h.subs, name)
-	}
-	close(ch)
 }
 
+func (h *hub) stop() { h.once.Do(func() { close(h.done) }) }
+
 // listen LISTENs on name, connecting first if need be.
-func (h *hub) listen(ctx context.Context, name string) error {
+func (h *hub) listen(ctx context.Context, name string, _ bool) error {
 	h.io.Lock()
 	defer h.io.Unlock()
 	if h.conn == nil {
@@ -138,23 +203,26 @@ func (h *hub) listen(ctx context.Context, name string) error {
 	return nil
 }
 
-// run beats until no receiver is left, then closes the connection.
+// run beats until no receiver is left or the hub stops, then closes the
+// connection.
 func (h *hub) run() {
 	t := time.NewTicker(heartbeat)
 	defer t.Stop()
-	for range t.C {
-		hubs.Lock()
-		idle := len(h.subs) == 0
-		if idle {
-			delete(hubs.m, h.db)
-		}
-		hubs.Unlock()
+	defer func() {
 		h.io.Lock()
-		if idle {
-			h.drop()
-			h.io.Unlock()
+		h.drop()
+		h.io.Unlock()
+	}()
+	for {
+		select {
+		case <-h.done:
+			return
+		case <-t.C:
+		}
+		if h.ls.idle(h) {
 			return
 		}
+		h.io.Lock()
 		h.beat()
 		h.io.Unlock()
 	}
@@ -191,16 +259,10 @@ func (h *hub) connect(ctx context.Context) (err error) {
 			}
 		}()
 		c, _ := dc.(driver.Conn)
-		pq.SetNotificationHandler(c, h.dispatch)
+		pq.SetNotificationHandler(c, func(n *pq.Notification) { h.subs.Wake(n.Channel) })
 		return nil
 	})
-	hubs.Lock()
-	names := make([]string, 0, len(h.subs))
-	for n := range h.subs {
-		names = append(names, n)
-	}
-	hubs.Unlock()
-	for _, n := range names {
+	for _, n := range h.subs.Names() {
 		if err != nil {
 			break
 		}
@@ -210,7 +272,7 @@ func (h *hub) connect(ctx context.Context) (err error) {
 		h.drop()
 		return err
 	}
-	h.wake(nil)
+	h.subs.Wake("")
 	return nil
 }
 
@@ -218,97 +280,42 @@ func (h *hub) connect(ctx context.Context) (err error) {
 // LISTENs must never go back to the pool. The caller holds h.io.
 func (h *hub) drop() {
 	if h.conn != nil {
-		_ = h.conn.Raw(func(any) error { return driver.ErrBadConn })
-		_ = h.conn.Close()
+		core.Discard(h.conn)
 		h.conn = nil
 	}
 }
 
-// dispatch is lib/pq's notification handler, run inside a statement.
-func (h *hub) dispatch(n *pq.Notification) { h.wake(n) }
-
-// wake pokes the receivers of n's channel, or every receiver for nil.
-func (h *hub) wake(n *pq.Notification) {
-	hubs.Lock()
-	defer hubs.Unlock()
-	for name, chs := range h.subs {
-		if n != nil && name != n.Channel {
-			continue
-		}
-		for ch := range chs {
-			select {
-			case ch <- struct{}{}:
-			default:
-			}
-		}
-	}
-}
-
-// opened remembers the DSN of each pool Open made, for its wake-ups.
-var opened sync.Map // *sqlx.DB -> string
-
-// Open opens a lib/pq pool on dsn whose subscriptions receive wake-ups as
-// soon as the server sends them (see Dialect.ListenDSN). Close it as usual.
-func Open(dsn string) (*sqlx.DB, error) {
-	db, err := sqlx.Open("postgres", dsn)
-	if err != nil {
-		return nil, err
-	}
-	opened.Store(db, dsn)
-	return db, nil
-}
-
-// listenDSN is the DSN wake-ups listen with: ListenDSN, else the DSN db
-// was opened with by Open, else "" (heartbeat on a pooled connection).
-func (d Dialect) listenDSN(db *sqlx.DB) string {
-	if d.ListenDSN != "" {
-		return d.ListenDSN
-	}
-	if dsn, ok := opened.Load(db); ok {
-		return dsn.(string)
-	}
-	return ""
-}
-
-// pushHubs are the pq.Listeners by DSN. The mutex guards every push hub's
-// subs too.
-var pushHubs = struct {
-	sync.Mutex
-	m map[string]*pushHub
-}{m: map[string]*pushHub{}}
-
-// pushHub is one pq.Listener and the receivers by channel.
+// pushHub is a pq.Listener on a DSN: notifications as the server sends them.
 type pushHub struct {
+	ls   *listeners
 	dsn  string
 	lmu  sync.Mutex // held for each LISTEN or UNLISTEN
 	l    *pq.Listener
-	subs map[string]map[chan struct{}]struct{}
-	stop chan struct{}
+	subs wake.Fanout
+	once sync.Once
+	done chan struct{}
 }
 
-// joinPush adds ch as a receiver of channel name on dsn's listener,
-// starting it. LISTEN runs in the background: until the listener is
+func newPushHub(ls *listeners, dsn string) *pushHub {
+	h := &pushHub{ls: ls, dsn: dsn, done: make(chan struct{})}
+	h.l = pq.NewListener(dsn, 10*time.Millisecond, time.Second, func(ev pq.ListenerEventType, err error) {
+		if ev == pq.ListenerEventConnected || ev == pq.ListenerEventReconnected {
+			h.subs.Wake("") // notifications may have been missed meanwhile
+		}
+	})
+	go h.run()
+	return h
+}
+
+func (h *pushHub) fanout() *wake.Fanout { return &h.subs }
+
+// listen LISTENs on a new channel in the background: until the listener is
 // connected a subscription polls, and the first connection wakes it.
-func joinPush(dsn, name string, ch chan struct{}) *pushHub {
-	pushHubs.Lock()
-	defer pushHubs.Unlock()
-	h := pushHubs.m[dsn]
-	if h == nil {
-		h = &pushHub{dsn: dsn, subs: map[string]map[chan struct{}]struct{}{}, stop: make(chan struct{})}
-		h.l = pq.NewListener(dsn, 10*time.Millisecond, time.Second, func(ev pq.ListenerEventType, err error) {
-			if ev == pq.ListenerEventConnected || ev == pq.ListenerEventReconnected {
-				h.wake("") // notifications may have been missed meanwhile
-			}
-		})
-		pushHubs.m[dsn] = h
-		go h.run()
-	}
-	if h.subs[name] == nil {
-		h.subs[name] = map[chan struct{}]struct{}{}
+func (h *pushHub) listen(_ context.Context, name string, first bool) error {
+	if first {
 		go h.sync(name) // blocks until the server answers
 	}
-	h.subs[name][ch] = struct{}{}
-	return h
+	return nil
 }
 
 // sync LISTENs on name while it has receivers and UNLISTENs otherwise. Calls
@@ -317,10 +324,7 @@ func joinPush(dsn, name string, ch chan struct{}) *pushHub {
 func (h *pushHub) sync(name string) {
 	h.lmu.Lock()
 	defer h.lmu.Unlock()
-	pushHubs.Lock()
-	want := h.subs[name] != nil
-	pushHubs.Unlock()
-	if want {
+	if h.subs.Has(name) {
 		_ = h.l.Listen(name) // ErrChannelAlreadyOpen: nothing to do
 	} else {
 		_ = h.l.Unlisten(name) // ErrChannelNotOpen: nothing to do
@@ -330,24 +334,17 @@ func (h *pushHub) sync(name string) {
 // leave removes and closes ch; the last receiver of a channel unlistens,
 // the last of the hub closes the listener.
 func (h *pushHub) leave(name string, ch chan struct{}) {
-	pushHubs.Lock()
-	defer pushHubs.Unlock()
-	if _, ok := h.subs[name][ch]; !ok {
+	was, last := h.subs.Remove(name, ch)
+	if !was {
 		return
 	}
-	delete(h.subs[name], ch)
 	close(ch)
-	if len(h.subs[name]) > 0 {
-		return
-	}
-	delete(h.subs, name)
-	if len(h.subs) > 0 {
+	if last && !h.ls.idle(h) {
 		go h.sync(name)
-		return
 	}
-	delete(pushHubs.m, h.dsn)
-	close(h.stop)
 }
+
+func (h *pushHub) stop() { h.once.Do(func() { close(h.done) }) }
 
 // run dispatches notifications, pings the connection every half minute so
 // a dead one is noticed and replaced, and closes the listener at the end.
@@ -361,28 +358,50 @@ func (h *pushHub) run() {
 			if n == nil { // reconnected: the callback has woken everyone
 				continue
 			}
-			h.wake(n.Channel)
+			h.subs.Wake(n.Channel)
 		case <-ping.C:
 			go func() { _ = h.l.Ping() }()
-		case <-h.stop:
+		case <-h.done:
 			return
 		}
 	}
 }
 
-// wake pokes the receivers of channel name, or every receiver for "".
-func (h *pushHub) wake(name string) {
-	pushHubs.Lock()
-	defer pushHubs.Unlock()
-	for n, chs := range h.subs {
-		if name != "" && n != name {
-			continue
-		}
-		for ch := range chs {
-			select {
-			case ch <- struct{}{}:
-			default:
-			}
-		}
+// Open opens a lib/pq pool on dsn whose subscriptions receive wake-ups as
+// soon as the server sends them (see Dialect.ListenDSN): the pool's driver
+// carries the DSN, so nothing is kept beside the pool. Close it as usual.
+func Open(dsn string) (*sqlx.DB, error) {
+	c, err := pq.NewConnector(dsn)
+	if err != nil {
+		return nil, err
 	}
+	return sqlx.NewDb(sql.OpenDB(&dsnConnector{c: c, d: &dsnDriver{dsn: dsn}}), "postgres"), nil
+}
+
+// dsnConnector opens lib/pq connections and names its driver, which keeps
+// the DSN.
+type dsnConnector struct {
+	c *pq.Connector
+	d *dsnDriver
+}
+
+func (c *dsnConnector) Connect(ctx context.Context) (driver.Conn, error) { return c.c.Connect(ctx) }
+func (c *dsnConnector) Driver() driver.Driver                            { return c.d }
+
+// dsnDriver is lib/pq's driver with the DSN its pool was opened with.
+type dsnDriver struct {
+	pq.Driver
+	dsn string
+}
+
+// listenDSN is the DSN wake-ups listen with: ListenDSN, else the DSN db
+// was opened with by Open, else "" (heartbeat on a pooled connection).
+func (d Dialect) listenDSN(db *sqlx.DB) string {
+	if d.ListenDSN != "" {
+		return d.ListenDSN
+	}
+	if dd, ok := db.Driver().(*dsnDriver); ok {
+		return dd.dsn
+	}
+	return ""
 }

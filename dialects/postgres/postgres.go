@@ -33,7 +33,6 @@ package postgres
 import (
 	"context"
 	"crypto/sha256"
-	"database/sql"
 	"encoding/hex"
 	"fmt"
 	"strconv"
@@ -61,8 +60,8 @@ type Dialect struct {
 	// DSN, and any other pool reads notifications on a pooled connection
 	// every heartbeat (100 ms).
 	ListenDSN string
-	// NoPrepare keeps forms from preparing statements
-	// (core.StatementPreparer): set it behind PgBouncer in transaction mode
+	// NoPrepare keeps the row-lock form from preparing its statements
+	// (core.RowLockSQL.Prepare): set it behind PgBouncer in transaction mode
 	// before 1.21, or with max_prepared_statements = 0.
 	NoPrepare bool
 }
@@ -71,21 +70,14 @@ var _ interface {
 	core.Dialect
 	core.RowLocker
 	core.Leaser
-	core.LeaseFencer
 	core.AdvisoryLocker
-	core.AdvisoryBatcher
 	core.GroupGuard
-	core.ServerChecker
-	core.TxChainer
-	core.StatementPreparer
+	core.Starter
 	core.Waker
 	core.TableCreator
 } = Dialect{}
 
 func (Dialect) Name() string { return "PostgreSQL" }
-
-// PrepareStatements: unless NoPrepare (core.StatementPreparer).
-func (d Dialect) PrepareStatements() bool { return !d.NoPrepare }
 
 // LockWaitLimit sets and resets the session's lock_timeout.
 func (Dialect) LockWaitLimit(d time.Duration) (set, reset string) {
@@ -101,18 +93,30 @@ func (Dialect) BindType() int { return sqlx.DOLLAR }
 // microseconds, so a deadline compares equal on every session.
 func (Dialect) EncodeTime(t time.Time) any { return t.UTC() }
 
-// Features: RETURNING everywhere, and a lease claim of one statement that
-// skips locked rows (run on the pool outside FIFO claims).
+// Features: RETURNING everywhere, a lease claim of one statement that
+// skips locked rows (run on the pool outside FIFO claims), and claims at the
+// server's isolation, READ COMMITTED unless configured otherwise: each
+// statement of a claim sees the latest commits.
 func (Dialect) Features() core.Features {
 	return core.Features{DeleteReturning: true, UpdateReturning: true, LeaseClaimStatement: true}
 }
 
-// SkipLocked locks the selected rows and skips rows others hold.
-func (Dialect) SkipLocked() string { return "FOR UPDATE SKIP LOCKED" }
+// minChain is the first server with COMMIT AND CHAIN (12).
+const minChain = 120000
 
-// ClaimIsolation is the server's default, READ COMMITTED unless configured
-// otherwise: each statement of a claim sees the latest commits.
-func (Dialect) ClaimIsolation() sql.IsolationLevel { return sql.LevelDefault }
+// RowLock locks with FOR UPDATE SKIP LOCKED, chains commits from
+// PostgreSQL 12 on, and prepares statements unless NoPrepare.
+func (d Dialect) RowLock(ctx context.Context, pool *core.Pool) (*core.RowLockSQL, error) {
+	n, err := serverVersion(ctx, pool.DB)
+	if err != nil {
+		return nil, err
+	}
+	rl := &core.RowLockSQL{SkipLocked: "FOR UPDATE SKIP LOCKED", Prepare: !d.NoPrepare}
+	if n >= minChain {
+		rl.ChainCommit = "COMMIT AND CHAIN"
+	}
+	return rl, nil
+}
 
 // claimLeases locks the rows to claim in a sub-select that skips locked
 // rows and updates exactly those, found by their ids through the primary
@@ -197,43 +201,23 @@ func arrayLiteral(vals []any) string {
 }
 
 const (
-	tryAdvisoryLock = `SELECT pg_try_advisory_lock(hashtextextended($1, 0))`
-	advisoryUnlock  = `SELECT pg_advisory_unlock(hashtextextended($1, 0))`
-)
-
-// TryAdvisoryLock takes the session lock on a 64-bit hash of key without
-// waiting. Keys are the database's: equal keys from two tables (or from the
-// application's own pg_advisory_lock(hashtextextended(key, 0))) exclude
-// each other. Keys PostgreSQL text cannot hold (a NUL byte, invalid UTF-8)
-// are hashed in a Go-quoted form; distinct keys that hash alike merely run
-// one at a time.
-func (Dialect) TryAdvisoryLock(ctx context.Context, conn *sqlx.Conn, key string) (bool, error) {
-	var ok bool
-	err := conn.QueryRowContext(ctx, tryAdvisoryLock, textKey(key)).Scan(&ok)
-	return ok, err
-}
-
-// AdvisoryUnlock releases key on conn's session; a key not held is no error
-// (the server only warns).
-func (Dialect) AdvisoryUnlock(ctx context.Context, conn *sqlx.Conn, key string) error {
-	var ok bool
-	return conn.QueryRowContext(ctx, advisoryUnlock, textKey(key)).Scan(&ok)
-}
-
-const (
 	tryAdvisoryLocks = `SELECT pg_try_advisory_lock(hashtextextended(k, 0)) FROM unnest($1::text[]) WITH ORDINALITY AS u(k, i) ORDER BY i`
 	advisoryUnlocks  = `SELECT count(pg_advisory_unlock(hashtextextended(k, 0))) FROM unnest($1::text[]) AS u(k)`
 )
 
-// TryAdvisoryLocks tries every key as TryAdvisoryLock does, in one
-// statement (core.AdvisoryBatcher).
-func (Dialect) TryAdvisoryLocks(ctx context.Context, conn *sqlx.Conn, keys []string) ([]bool, error) {
-	rows, err := conn.QueryContext(ctx, tryAdvisoryLocks, keysArray(keys))
+// TryAdvisoryLocks takes, in one statement and without waiting, the
+// session lock on a 64-bit hash of each key. Keys are the database's: equal
+// keys from two tables (or from the application's own
+// pg_advisory_lock(hashtextextended(key, 0))) exclude each other. Keys
+// PostgreSQL text cannot hold (a NUL byte, invalid UTF-8) are hashed in a
+// Go-quoted form; distinct keys that hash alike merely run one at a time.
+func (Dialect) TryAdvisoryLocks(ctx context.Context, p *core.AdvisoryParams) ([]bool, error) {
+	rows, err := p.Conn.QueryContext(ctx, tryAdvisoryLocks, keysArray(p.Keys))
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	out := make([]bool, 0, len(keys))
+	out := make([]bool, 0, len(p.Keys))
 	for rows.Next() {
 		var ok bool
 		if err := rows.Scan(&ok); err != nil {
@@ -244,9 +228,10 @@ func (Dialect) TryAdvisoryLocks(ctx context.Context, conn *sqlx.Conn, keys []str
 	return out, rows.Err()
 }
 
-// AdvisoryUnlocks releases keys in one statement (core.AdvisoryBatcher).
-func (Dialect) AdvisoryUnlocks(ctx context.Context, conn *sqlx.Conn, keys []string) error {
-	_, err := conn.ExecContext(ctx, advisoryUnlocks, keysArray(keys))
+// AdvisoryUnlocks releases keys in one statement; a key not held is no
+// error (the server only warns).
+func (Dialect) AdvisoryUnlocks(ctx context.Context, p *core.AdvisoryParams) error {
+	_, err := p.Conn.ExecContext(ctx, advisoryUnlocks, keysArray(p.Keys))
 	return err
 }
 
@@ -291,27 +276,15 @@ const (
 	minAdvisory   = 110000 // hashtextextended
 )
 
-// CheckServer reads server_version_num and fails with a *sqlxbroker.VersionError
-// when the server is too old for form. It is one round trip per
-// subscription start, so nothing is cached.
-func (Dialect) CheckServer(ctx context.Context, db *sqlx.DB, form core.Form) error {
-	n, err := serverVersion(ctx, db)
+// Start reads server_version_num and fails with a *sqlxbroker.VersionError
+// when the server is too old for p's form. It is one round trip per
+// subscription start, so nothing is kept.
+func (Dialect) Start(ctx context.Context, pool *core.Pool, p *core.Plan) (func() error, error) {
+	n, err := serverVersion(ctx, pool.DB)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return checkVersion(n, form)
-}
-
-// minChain is the first server with COMMIT AND CHAIN (12).
-const minChain = 120000
-
-// ChainCommit returns COMMIT AND CHAIN on PostgreSQL 12 and later, "" before.
-func (Dialect) ChainCommit(ctx context.Context, db *sqlx.DB) (string, error) {
-	n, err := serverVersion(ctx, db)
-	if err != nil || n < minChain {
-		return "", err
-	}
-	return "COMMIT AND CHAIN", nil
+	return nil, checkVersion(n, p.Form)
 }
 
 // serverVersion reads server_version_num.

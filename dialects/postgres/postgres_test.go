@@ -277,10 +277,11 @@ func TestSkipNotWait(t *testing.T) {
 					t.Fatal(err)
 				}
 				key := fmt.Sprintf("acct-%d", acct)
-				if ok, err := (postgres.Dialect{}).TryAdvisoryLock(hctx, conn, key); err != nil || !ok {
+				ap := &core.AdvisoryParams{Conn: conn, Keys: []string{key}}
+				if ok, err := (postgres.Dialect{}).TryAdvisoryLocks(hctx, ap); err != nil || !ok[0] {
 					t.Fatalf("hold key %s: %v %v", key, ok, err)
 				}
-				defer postgres.Dialect{}.AdvisoryUnlock(ctx, conn, key)
+				defer postgres.Dialect{}.AdvisoryUnlocks(ctx, ap)
 			} else {
 				tx, err := db2.BeginTxx(hctx, nil)
 				if err != nil {
@@ -562,7 +563,7 @@ func TestVersionGate(t *testing.T) {
 	}
 	if db := os.Getenv("SQLXBROKER_POSTGRES_DSN"); db != "" {
 		for _, f := range core.Forms {
-			if err := (postgres.Dialect{}).CheckServer(context.Background(), openDB(t, ""), f); err != nil {
+			if _, err := (postgres.Dialect{}).Start(context.Background(), core.NewPool(openDB(t, ""), postgres.Dialect{}), &core.Plan{Form: f}); err != nil {
 				t.Errorf("live server, %s: %v", f, err)
 			}
 		}
@@ -612,7 +613,7 @@ func TestListen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.Listen(context.Background(), lite, p); err == nil {
+	if _, err := d.Listen(context.Background(), core.NewPool(lite, d), p); err == nil {
 		t.Error("Listen on a sqlite pool: nil error")
 	}
 	if n := postgres.ChannelOf(&core.Plan{Table: strings.Repeat("s", 63) + "." + strings.Repeat("t", 63)}); len(n) > 63 {
@@ -624,8 +625,10 @@ func TestListen(t *testing.T) {
 
 	app := uniq("sxblisten_")
 	db, other := openDB(t, app), openDB(t, "")
+	pool := core.NewPool(db, d)
+	defer pool.Close()
 	ctx, cancel := context.WithCancel(context.Background())
-	ch, err := d.Listen(ctx, db, p)
+	ch, err := d.Listen(ctx, pool, p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -703,9 +706,11 @@ func TestListenPush(t *testing.T) {
 		t.Fatal(err)
 	}
 	db, other := openDB(t, ""), openDB(t, "")
+	pool := core.NewPool(db, d)
+	defer pool.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ch, err := d.Listen(ctx, db, p)
+	ch, err := d.Listen(ctx, pool, p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -765,6 +770,8 @@ func TestListenPushChurn(t *testing.T) {
 		t.Fatal(err)
 	}
 	db, other := openDB(t, ""), openDB(t, "")
+	pool := core.NewPool(db, d)
+	defer pool.Close()
 	keep, stopKeep := context.WithCancel(context.Background())
 	defer stopKeep()
 	// Another table keeps the listener alive through the churn.
@@ -772,13 +779,13 @@ func TestListenPushChurn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.Listen(keep, db, q); err != nil {
+	if _, err := d.Listen(keep, pool, q); err != nil {
 		t.Fatal(err)
 	}
 	var ch <-chan struct{}
 	for i := 0; i < 50; i++ {
 		ctx, cancel := context.WithCancel(context.Background())
-		if ch, err = d.Listen(ctx, db, p); err != nil {
+		if ch, err = d.Listen(ctx, pool, p); err != nil {
 			t.Fatal(err)
 		}
 		if i < 49 {

@@ -51,10 +51,9 @@ type Dialect struct{}
 var _ interface {
 	core.Dialect
 	core.Leaser
-	core.LeaseFencer
 	core.AdvisoryLocker
-	core.AdvisoryAttacher
-	core.ServerChecker
+	core.GroupGuard
+	core.Starter
 	core.TableCreator
 } = Dialect{}
 
@@ -70,24 +69,43 @@ const timeLayout = "2006-01-02 15:04:05.000000"
 // EncodeTime stores times as fixed-width UTC text.
 func (Dialect) EncodeTime(t time.Time) any { return t.UTC().Format(timeLayout) }
 
-// Features: RETURNING, one writer, and at most 1,000 arguments a statement
-// (the driver matches each argument to its place by a scan of them all).
+// Features: RETURNING, and at most 1,000 arguments a statement (the
+// driver matches each argument to its place by a scan of them all).
 func (Dialect) Features() core.Features {
-	return core.Features{DeleteReturning: true, UpdateReturning: true, SingleWriter: true, MaxParams: 1000}
+	return core.Features{DeleteReturning: true, UpdateReturning: true, MaxParams: 1000}
 }
 
-// CheckServer requires a busy timeout: without one, claims from several
+// Start requires a busy timeout: without one, claims from several
 // connections fail at once with SQLITE_BUSY instead of waiting their turn.
-func (Dialect) CheckServer(ctx context.Context, db *sqlx.DB, form core.Form) error {
+// An advisory subscription takes the file lock that keeps a second process
+// off the database's in-process keys (core.ErrAdvisoryConflict), given back
+// when it stops.
+func (Dialect) Start(ctx context.Context, pool *core.Pool, p *core.Plan) (func() error, error) {
 	var ms int
-	if err := db.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&ms); err != nil {
-		return fmt.Errorf("sqlxbroker: sqlite: read busy_timeout: %w", err)
+	if err := pool.DB.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&ms); err != nil {
+		return nil, fmt.Errorf("sqlxbroker: sqlite: read busy_timeout: %w", err)
 	}
 	if ms <= 0 {
-		return fmt.Errorf("sqlxbroker: sqlite: busy_timeout is 0, so concurrent claims fail with SQLITE_BUSY: open the database with sqlite.DSN(path) or add _pragma=busy_timeout(10000) to the DSN")
+		return nil, fmt.Errorf("sqlxbroker: sqlite: busy_timeout is 0, so concurrent claims fail with SQLITE_BUSY: open the database with sqlite.DSN(path) or add _pragma=busy_timeout(10000) to the DSN")
 	}
-	return nil
+	if p.Form != core.Advisory {
+		return nil, nil
+	}
+	fk, err := keysOf(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	return fk.attach()
 }
+
+// GuardGroup: SQLite runs one writer at a time, so the claim that sees a
+// group's head is the only one that can take it.
+func (Dialect) GuardGroup(context.Context, *sqlx.Tx, *core.GroupGuardParams) (bool, error) {
+	return true, nil
+}
+
+// LockWaitLimit: SQLite has no row locks to wait for.
+func (Dialect) LockWaitLimit(time.Duration) (string, string) { return "", "" }
 
 const claimLeases = `UPDATE %[1]s SET %[2]s = ?, %[3]s = %[9]s
 WHERE %[4]s IN (SELECT %[5]s.%[4]s FROM %[1]s %[5]s WHERE %[6]s ORDER BY %[7]s LIMIT %[8]d)
@@ -116,14 +134,106 @@ func (Dialect) FenceLeases(p *core.Plan, ids, tokens []any) (string, []any) {
 	return "(" + p.QID + ", " + p.QLockedUntil + ") IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?))", []any{string(js)}
 }
 
-// keys are the advisory keys held in this process, per database file.
-var keys = struct {
+// files are the advisory keys of each database file in this process,
+// shared by every pool on the file (two brokers of one process see each
+// other's keys) and dropped when the last pool that kept them closes.
+var files = struct {
 	sync.Mutex
-	held     map[string]map[string]bool // file -> key
-	attached map[string]*fileLock       // file -> lock and reference count
-}{held: map[string]map[string]bool{}, attached: map[string]*fileLock{}}
+	m map[string]*fileKeys
+}{m: map[string]*fileKeys{}}
 
-// fileOf names the database file of conn's main schema ("" in memory).
+// fileKeys are one file's keys. files' mutex guards them.
+type fileKeys struct {
+	file     string
+	held     map[string]bool
+	pools    int       // pools that keep these keys (poolKeys)
+	lock     *fileLock // the OS lock, while advisory subscriptions run
+	attached int       // advisory subscriptions holding lock
+}
+
+// forget drops fk from files when nothing uses it; files is locked.
+func (fk *fileKeys) forget() {
+	if fk.pools == 0 && fk.attached == 0 {
+		delete(files.m, fk.file)
+	}
+}
+
+// attach takes the OS lock that keeps a second process off the file's
+// keys; advisory subscriptions of one process share it.
+func (fk *fileKeys) attach() (func() error, error) {
+	if fk.file == "" {
+		return nil, nil // in memory: no other process sees it
+	}
+	files.Lock()
+	defer files.Unlock()
+	if fk.lock == nil {
+		fl, err := lockFile(fk.file + "-sqlxbroker.lock")
+		if err != nil {
+			return nil, fmt.Errorf("%w: sqlite database %s: advisory keys live in one process per file, and another process holds %s-sqlxbroker.lock (%v); run advisory subscriptions of this file in one process", core.ErrAdvisoryConflict, fk.file, fk.file, err)
+		}
+		fk.lock = fl
+	}
+	fk.attached++
+	var once sync.Once
+	return func() error {
+		var err error
+		once.Do(func() {
+			files.Lock()
+			defer files.Unlock()
+			if fk.attached--; fk.attached == 0 {
+				err = fk.lock.unlock()
+				fk.lock = nil
+				fk.forget()
+			}
+		})
+		return err
+	}, nil
+}
+
+// keysKey keeps a pool's poolKeys (core.Keep).
+type keysKey struct{}
+
+// poolKeys is a pool's hold on its file's keys, released when the pool
+// closes.
+type poolKeys struct {
+	fk   *fileKeys
+	once sync.Once
+}
+
+func (pk *poolKeys) Close() error {
+	pk.once.Do(func() {
+		files.Lock()
+		defer files.Unlock()
+		pk.fk.pools--
+		pk.fk.forget()
+	})
+	return nil
+}
+
+// keysOf returns the keys of pool's database file.
+func keysOf(ctx context.Context, pool *core.Pool) (*fileKeys, error) {
+	pk, err := core.Keep(pool, keysKey{}, func() (*poolKeys, error) {
+		file, err := fileOf(ctx, pool.DB)
+		if err != nil {
+			return nil, err
+		}
+		files.Lock()
+		defer files.Unlock()
+		fk := files.m[file]
+		if fk == nil {
+			fk = &fileKeys{file: file, held: map[string]bool{}}
+			files.m[file] = fk
+		}
+		fk.pools++
+		return &poolKeys{fk: fk}, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return pk.fk, nil
+}
+
+// fileOf names the database file of the main schema ("" in memory).
 func fileOf(ctx context.Context, q sqlx.QueryerContext) (string, error) {
 	var file string
 	if err := q.QueryRowxContext(ctx, "SELECT file FROM pragma_database_list WHERE name = 'main'").Scan(&file); err != nil {
@@ -137,72 +247,38 @@ func fileOf(ctx context.Context, q sqlx.QueryerContext) (string, error) {
 	return file, nil
 }
 
-// TryAdvisoryLock takes key in the process-wide table of the database file.
-func (Dialect) TryAdvisoryLock(ctx context.Context, conn *sqlx.Conn, key string) (bool, error) {
-	file, err := fileOf(ctx, conn)
-	if err != nil {
-		return false, err
-	}
-	keys.Lock()
-	defer keys.Unlock()
-	if keys.held[file] == nil {
-		keys.held[file] = map[string]bool{}
-	}
-	if keys.held[file][key] {
-		return false, nil
-	}
-	keys.held[file][key] = true
-	return true, nil
-}
-
-// AdvisoryUnlock releases key. It does so even when ctx has ended (a
-// completion out of time): the key lives in this process, not in the
-// connection's session, and would otherwise stay held for good.
-func (Dialect) AdvisoryUnlock(ctx context.Context, conn *sqlx.Conn, key string) error {
-	file, err := fileOf(context.WithoutCancel(ctx), conn)
-	if err != nil {
-		return err
-	}
-	keys.Lock()
-	delete(keys.held[file], key)
-	keys.Unlock()
-	return nil
-}
-
-// AttachAdvisory takes the OS lock that keeps a second process off the
-// database file's keys; subscriptions of one process share it.
-func (Dialect) AttachAdvisory(ctx context.Context, db *sqlx.DB) (func() error, error) {
-	file, err := fileOf(ctx, db)
+// TryAdvisoryLocks takes keys in the process-wide table of the database
+// file.
+func (Dialect) TryAdvisoryLocks(ctx context.Context, p *core.AdvisoryParams) ([]bool, error) {
+	fk, err := keysOf(ctx, p.Pool)
 	if err != nil {
 		return nil, err
 	}
-	if file == "" {
-		return func() error { return nil }, nil // in memory: no other process sees it
-	}
-	keys.Lock()
-	defer keys.Unlock()
-	fl := keys.attached[file]
-	if fl == nil {
-		fl, err = lockFile(file + "-sqlxbroker.lock")
-		if err != nil {
-			return nil, fmt.Errorf("%w: sqlite database %s: advisory keys live in one process per file, and another process holds %s-sqlxbroker.lock (%v); run advisory subscriptions of this file in one process", core.ErrAdvisoryConflict, file, file, err)
+	files.Lock()
+	defer files.Unlock()
+	out := make([]bool, len(p.Keys))
+	for i, k := range p.Keys {
+		if !fk.held[k] {
+			fk.held[k], out[i] = true, true
 		}
-		keys.attached[file] = fl
 	}
-	fl.refs++
-	var once sync.Once
-	return func() error {
-		var err error
-		once.Do(func() {
-			keys.Lock()
-			defer keys.Unlock()
-			if fl.refs--; fl.refs == 0 {
-				delete(keys.attached, file)
-				err = fl.unlock()
-			}
-		})
+	return out, nil
+}
+
+// AdvisoryUnlocks releases keys. It does so even when ctx has ended (a
+// completion out of time): the keys live in this process, not in the
+// connection's session, and would otherwise stay held for good.
+func (Dialect) AdvisoryUnlocks(ctx context.Context, p *core.AdvisoryParams) error {
+	fk, err := keysOf(context.WithoutCancel(ctx), p.Pool)
+	if err != nil {
 		return err
-	}, nil
+	}
+	files.Lock()
+	defer files.Unlock()
+	for _, k := range p.Keys {
+		delete(fk.held, k)
+	}
+	return nil
 }
 
 // CreateTable returns the recommended table and indexes.

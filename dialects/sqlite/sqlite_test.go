@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/sqlxbroker/sqlxbroker"
+	"github.com/sqlxbroker/sqlxbroker/core"
 	"github.com/sqlxbroker/sqlxbroker/dialects/sqlite"
 )
 
@@ -144,18 +146,28 @@ func TestUnlockOutOfTime(t *testing.T) {
 	}
 	defer b.Close()
 	d := sqlite.Dialect{}
-	if ok, err := d.TryAdvisoryLock(ctx, a, "k"); !ok || err != nil {
-		t.Fatalf("lock k: %v %v", ok, err)
+	pool := core.NewPool(db, d)
+	defer pool.Close()
+	try := func(ctx context.Context, conn *sqlx.Conn) bool {
+		t.Helper()
+		ok, err := d.TryAdvisoryLocks(ctx, &core.AdvisoryParams{Pool: pool, Conn: conn, Keys: []string{"k"}})
+		if err != nil {
+			t.Fatalf("lock k: %v", err)
+		}
+		return ok[0]
 	}
-	if ok, _ := d.TryAdvisoryLock(ctx, b, "k"); ok {
+	if !try(ctx, a) {
+		t.Fatal("k could not be locked")
+	}
+	if try(ctx, b) {
 		t.Fatal("k locked twice")
 	}
 	done, cancel := context.WithCancel(ctx)
 	cancel()
-	if err := d.AdvisoryUnlock(done, a, "k"); err != nil {
+	if err := d.AdvisoryUnlocks(done, &core.AdvisoryParams{Pool: pool, Conn: a, Keys: []string{"k"}}); err != nil {
 		t.Errorf("unlock with an ended context: %v", err)
 	}
-	if ok, err := d.TryAdvisoryLock(ctx, b, "k"); !ok || err != nil {
-		t.Errorf("after the unlock, k cannot be locked again: %v %v", ok, err)
+	if !try(ctx, b) {
+		t.Errorf("after the unlock, k cannot be locked again")
 	}
 }

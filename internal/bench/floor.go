@@ -50,21 +50,19 @@ func RowLockFloor(ctx context.Context, c Config, db *sqlx.DB, conns int) (float6
 	if err != nil {
 		return 0, 0, err
 	}
-	if p.Caps.RowLocker == nil {
-		return 0, 0, &sqlxbroker.FormError{Dialect: c.Dialect.Name(), Form: sqlxbroker.RowLock, Reason: "the dialect does not implement it"}
+	pool := core.NewPool(db, c.Dialect)
+	defer pool.Close()
+	rl, err := p.Caps.RowLocker.RowLock(ctx, pool)
+	if err != nil {
+		return 0, 0, fmt.Errorf("bench: row-lock floor: %w", err)
 	}
-	chain := ""
-	if p.Caps.TxChainer != nil {
-		if chain, err = p.Caps.TxChainer.ChainCommit(ctx, db); err != nil {
-			return 0, 0, fmt.Errorf("bench: row-lock floor: %w", err)
-		}
-	}
+	chain := rl.ChainCommit
 	where, _ := p.Ready(p.Alias, time.Now())
 	claim := p.Rebind("SELECT * FROM " + p.QTable + " " + p.Alias + " WHERE " + where + " AND " + p.Alias + "." + p.QID +
-		" > ? ORDER BY " + p.OrderBy(p.Alias) + " LIMIT 1 " + p.Caps.RowLocker.SkipLocked())
+		" > ? ORDER BY " + p.OrderBy(p.Alias) + " LIMIT 1 " + rl.SkipLocked)
 	del := p.Rebind("DELETE FROM " + p.QTable + " WHERE " + p.QID + " = ?")
 	var stmts [2]*sqlx.Stmt
-	if p.Caps.Preparer != nil && p.Caps.Preparer.PrepareStatements() {
+	if rl.Prepare {
 		for i, q := range []string{claim, del} {
 			if stmts[i], err = db.PreparexContext(ctx, q); err != nil {
 				return 0, 0, fmt.Errorf("bench: row-lock floor: prepare: %w", err)
