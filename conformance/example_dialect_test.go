@@ -32,7 +32,7 @@ func (leaseOnly) Features() core.Features {
 
 // ClaimLeases is the one capability: an UPDATE .. RETURNING of the rows the
 // form's condition selects.
-func (leaseOnly) ClaimLeases(ctx context.Context, on core.Querier, p *core.LeaseClaimParams) (*sqlx.Rows, error) {
+func (leaseOnly) ClaimLeases(ctx context.Context, on sqlx.ExtContext, p *core.LeaseClaimParams) (*sqlx.Rows, error) {
 	pl := p.Plan
 	q := fmt.Sprintf(`UPDATE %[1]s SET %[2]s = ?, %[3]s = %[9]s
 WHERE %[4]s IN (SELECT %[5]s.%[4]s FROM %[1]s %[5]s WHERE %[6]s ORDER BY %[7]s LIMIT %[8]d) RETURNING *`,
@@ -105,7 +105,7 @@ func TestExampleDialect(t *testing.T) {
 // by another broker is taken again. The suite must catch it.
 type brokenLease struct{ leaseOnly }
 
-func (brokenLease) ClaimLeases(ctx context.Context, on core.Querier, p *core.LeaseClaimParams) (*sqlx.Rows, error) {
+func (brokenLease) ClaimLeases(ctx context.Context, on sqlx.ExtContext, p *core.LeaseClaimParams) (*sqlx.Rows, error) {
 	pl := p.Plan
 	q := fmt.Sprintf(`UPDATE %[1]s SET %[2]s = ?, %[3]s = %[6]s
 WHERE %[4]s IN (SELECT %[4]s FROM %[1]s ORDER BY %[4]s LIMIT %[5]d) RETURNING *`,

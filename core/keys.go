@@ -7,23 +7,18 @@ import (
 	"time"
 )
 
-// Form names a claim form: what holds a row while its handler runs.
+// Form names a claim form (see package sqlxbroker): RowLock, Lease or
+// Advisory.
 type Form int
 
+// The claim forms.
 const (
-	// RowLock: SELECT .. FOR UPDATE SKIP LOCKED in a transaction that stays
-	// open while the handler runs; completion and COMMIT change the row and
-	// its outcome at once. The form of a table that names no other.
 	RowLock Form = iota + 1
-	// Lease: a deadline written into the row's lease column and committed at
-	// once; completion takes effect only while the row still holds it.
 	Lease
-	// Advisory: a database advisory lock on a key built from the row,
-	// held on the delivery's own connection until completion.
 	Advisory
 )
 
-// Forms lists every claim form in a stable order.
+// Forms lists the claim forms in a stable order.
 var Forms = []Form{RowLock, Lease, Advisory}
 
 func (f Form) String() string {
@@ -40,7 +35,7 @@ func (f Form) String() string {
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-// MaxIdentLength is the longest identifier accepted (PostgreSQL's limit).
+// MaxIdentLength is the longest identifier accepted (PostgreSQL's).
 const MaxIdentLength = 63
 
 // CheckIdent reports whether s is a plain identifier.
@@ -126,9 +121,8 @@ func (k *KeyTemplate) Columns() []string {
 	return out
 }
 
-// Render builds a row's key from its column values. A NULL value renders
-// as the empty string (documented: rows whose key columns are NULL share
-// that part of the key); []byte renders as text.
+// Render builds a row's key from its values: NULL renders as "" (rows
+// whose key columns are NULL share that part), []byte as text.
 func (k *KeyTemplate) Render(value func(col string) any) string {
 	var b strings.Builder
 	for _, p := range k.parts {

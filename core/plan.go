@@ -8,11 +8,9 @@ import (
 	"github.com/jmoiron/sqlx"
 )
 
-// Plan is a table description compiled for one dialect: the names the
-// description gives, with defaults applied, their quoted forms, and the SQL
-// fragments every form shares. The broker makes plans (the description is
-// validated first, so every name is a plain identifier); a Plan is
-// immutable.
+// Plan is a validated table description compiled for one dialect: its
+// names with defaults applied, quoted, and the SQL fragments every form
+// shares. The broker makes plans; a Plan is immutable.
 type Plan struct {
 	Dialect Dialect
 	Caps    Capabilities
@@ -35,8 +33,7 @@ type Plan struct {
 	Alias string
 }
 
-// NewPlan completes p, whose names are checked identifiers, for d: its
-// quoted names, the alias and d's capabilities.
+// NewPlan completes p (checked names) for d: quoted names, alias, caps.
 func NewPlan(d Dialect, p Plan) *Plan {
 	p.Dialect, p.Caps, p.Alias = d, CapabilitiesOf(d), "c"
 	parts := strings.Split(p.Table, ".")
@@ -61,8 +58,7 @@ func NewPlan(d Dialect, p Plan) *Plan {
 	return &p
 }
 
-// TimeColumns lists the timestamp columns the description names (lease,
-// ready, dead, done), for dialects' DDL and column checks.
+// TimeColumns lists the lease, ready, dead and done columns named.
 func (p *Plan) TimeColumns() []string {
 	var out []string
 	for _, c := range []string{p.LockedUntil, p.ReadyAt, p.DeadAt, p.DoneAt} {
@@ -76,7 +72,7 @@ func (p *Plan) TimeColumns() []string {
 // Rebind turns '?' placeholders into the dialect's.
 func (p *Plan) Rebind(q string) string { return sqlx.Rebind(p.Dialect.BindType(), q) }
 
-// Now returns the host clock as the library uses it: UTC, microseconds.
+// Now is the host clock as the library uses it: UTC, microseconds.
 func Now() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }
 
 // Time encodes a host time for the dialect.
@@ -105,14 +101,10 @@ func (p *Plan) Unfinished(alias string) string {
 	return strings.Join(c, " AND ")
 }
 
-// Ready returns the condition over alias that a row may be claimed at now,
-// apart from what holds it: unfinished, ready, and for a lease table not
-// leased; for a FIFO table also the head of its group. Args bind the '?'s.
-//
-// A lease deadline more than two leases ahead of now cannot have been
-// written by a live subscription whose clock is within a lease of this
-// host's, so it counts as expired: the row is claimed, and the completion
-// of whoever wrote it finds ErrLeaseLost.
+// Ready is the condition over alias that a row may be claimed at now,
+// apart from what holds it (unfinished, ready, not leased, a FIFO head),
+// and its args. A lease more than two leases ahead of now, which no live
+// subscription within a lease of this clock wrote, counts as expired.
 func (p *Plan) Ready(alias string, now time.Time) (string, []any) {
 	cond := []string{p.Unfinished(alias)}
 	var args []any
@@ -131,9 +123,8 @@ func (p *Plan) Ready(alias string, now time.Time) (string, []any) {
 	return strings.Join(cond, " AND "), args
 }
 
-// LeaseHeld returns the condition over alias that a lease table's row is
-// held by a live lease at now: its deadline is after now and not dangling
-// (see Ready). Args bind the '?'s.
+// LeaseHeld is the condition over alias that a row holds a live lease at
+// now (not dangling, see Ready), and its args.
 func (p *Plan) LeaseHeld(alias string, now time.Time) (string, []any) {
 	lu := col(alias, p.QLockedUntil)
 	return "(" + lu + " > ? AND " + lu + " <= ?)", []any{p.Time(now), p.Time(p.danglingAfter(now))}
@@ -147,16 +138,15 @@ func (p *Plan) danglingAfter(now time.Time) time.Time {
 	return now.Add(2 * p.Lease)
 }
 
-// NextAttempt is the attempt column over alias after one more count. A
-// NULL or an attempt below 1 (a row that breaks the contract) counts as a
-// new row's 1, so it becomes 2.
+// NextAttempt is the attempt over alias after one more count (a NULL or
+// an attempt below 1 counts as 1, so it becomes 2).
 func (p *Plan) NextAttempt(alias string) string {
 	a := col(alias, p.QAttempt)
 	return "CASE WHEN " + a + " IS NULL OR " + a + " < 1 THEN 2 ELSE " + a + " + 1 END"
 }
 
-// Head is the condition over alias that the row is the head of its FIFO
-// group: no unfinished row of the group comes before it.
+// Head is the condition over alias that no unfinished row of the row's
+// FIFO group comes before it.
 func (p *Plan) Head(alias string) string {
 	return "NOT EXISTS (SELECT 1 FROM " + p.QTable + " h WHERE h." + p.QGroup + " = " + col(alias, p.QGroup) +
 		" AND h." + p.QOrder + " < " + col(alias, p.QOrder) + " AND " + p.Unfinished("h") + ")"
@@ -165,10 +155,9 @@ func (p *Plan) Head(alias string) string {
 // OrderBy is the ORDER BY list of claims over alias.
 func (p *Plan) OrderBy(alias string) string { return col(alias, p.QOrder) }
 
-// FencePairs is the portable condition of Leaser.FenceLeases: the ids
-// first, so the server reads (and locks) the batch's rows alone, by primary
-// key, then the (id, token) pairs OR'ed. Pairs alone may make a server scan
-// the table (MariaDB did, locking every row it passed).
+// FencePairs is the portable Leaser.FenceLeases: the ids first, so the
+// server finds the rows by key (pairs alone made MariaDB scan and lock the
+// table), then the (id, token) pairs OR'ed.
 func FencePairs(p *Plan, ids, tokens []any) (string, []any) {
 	var b strings.Builder
 	b.WriteString(p.QID + " IN (?" + strings.Repeat(", ?", len(ids)-1) + ") AND (")

@@ -11,9 +11,8 @@ import (
 	"github.com/jmoiron/sqlx"
 )
 
-// Pool is a database pool bound to a dialect: what the dialect keeps for the
-// pool lives here (Keep), and the broker that owns the pool closes it, which
-// releases all of it. Its methods are safe for concurrent use.
+// Pool is a database pool bound to a dialect, owned by a broker: what the
+// dialect keeps for the pool lives here (Keep) and goes when it closes.
 type Pool struct {
 	DB      *sqlx.DB
 	Dialect Dialect
@@ -29,10 +28,9 @@ type Pool struct {
 // NewPool binds d to db.
 func NewPool(db *sqlx.DB, d Dialect) *Pool { return &Pool{DB: db, Dialect: d, kept: map[any]any{}} }
 
-// Keep returns what the dialect keeps under key for pool p, made by open on
-// first use; a value that is an io.Closer is closed when the pool closes,
-// the last kept first. After Close it fails with ErrClosed. open runs with
-// the pool's lock held, so it must not call Keep.
+// Keep returns what is kept under key for p, made by open (which must not
+// call Keep) on first use; an io.Closer is closed with the pool. After
+// Close: ErrClosed.
 func Keep[T any](p *Pool, key any, open func() (T, error)) (T, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -52,10 +50,8 @@ func Keep[T any](p *Pool, key any, open func() (T, error)) (T, error) {
 	return v, nil
 }
 
-// SetSessionIsolation records the isolation level the pool's sessions start
-// at, as the dialect learnt it from the server (a DSN setting): claim
-// transactions at that level then begin without naming it, which saves a
-// statement each on MySQL and MariaDB.
+// SetSessionIsolation records the level the pool's sessions start at (a
+// DSN setting): claims at that level begin without naming it.
 func (p *Pool) SetSessionIsolation(l sql.IsolationLevel) {
 	p.mu.Lock()
 	p.iso, p.isoSet = l, true
@@ -74,8 +70,7 @@ func (p *Pool) BeginClaim(ctx context.Context, l sql.IsolationLevel) (*sqlx.Tx, 
 	return p.DB.BeginTxx(ctx, &sql.TxOptions{Isolation: l})
 }
 
-// Close releases what the dialect keeps for the pool. It does not close DB,
-// which belongs to the application.
+// Close releases what is kept, the last kept first (not DB itself).
 func (p *Pool) Close() error {
 	p.mu.Lock()
 	if p.closed {
@@ -95,8 +90,8 @@ func (p *Pool) Close() error {
 	return errors.Join(errs...)
 }
 
-// Discard closes conn for good: the pool does not get it back. For a
-// session whose state is unknown (its locks, a notification handler).
+// Discard closes conn for good, out of the pool (a session whose locks or
+// handlers are unknown).
 func Discard(conn *sqlx.Conn) {
 	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 	_ = conn.Close()

@@ -91,7 +91,7 @@ const claimTimeout = 30 * time.Second
 
 // claimOn claims up to max rows on q with deadlines from now and commits
 // tx when it is not nil (a FIFO claim guards its groups in tx first).
-func (f *lease) claimOn(ctx context.Context, q core.Querier, tx *sqlx.Tx, now time.Time, max int) ([]core.Claim, error) {
+func (f *lease) claimOn(ctx context.Context, q sqlx.ExtContext, tx *sqlx.Tx, now time.Time, max int) ([]core.Claim, error) {
 	p := f.plan
 	deadline := now.Add(f.dur)
 	where, args := p.Ready(p.Alias, now)

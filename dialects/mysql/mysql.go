@@ -286,7 +286,7 @@ const (
 
 // ClaimLeases locks up to p.Limit claimable rows, skipping held ones, sets
 // their deadline and attempt in one UPDATE, and re-reads them, all in tx.
-func (Dialect) ClaimLeases(ctx context.Context, on core.Querier, p *core.LeaseClaimParams) (*sqlx.Rows, error) {
+func (Dialect) ClaimLeases(ctx context.Context, on sqlx.ExtContext, p *core.LeaseClaimParams) (*sqlx.Rows, error) {
 	pl := p.Plan
 	var ids []any
 	err := sqlx.SelectContext(ctx, on, &ids, fmt.Sprintf(leaseLock, pl.Alias, pl.QID, pl.QTable, p.Where, pl.OrderBy(pl.Alias), p.Limit), p.Args...)

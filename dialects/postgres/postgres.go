@@ -135,7 +135,7 @@ const claimLeases = `WITH claimed AS (
 SELECT * FROM claimed ORDER BY %[9]s`
 
 // ClaimLeases claims up to p.Limit rows in one statement.
-func (Dialect) ClaimLeases(ctx context.Context, on core.Querier, p *core.LeaseClaimParams) (*sqlx.Rows, error) {
+func (Dialect) ClaimLeases(ctx context.Context, on sqlx.ExtContext, p *core.LeaseClaimParams) (*sqlx.Rows, error) {
 	pl := p.Plan
 	q := fmt.Sprintf(claimLeases, pl.QTable, pl.Alias, p.Where, pl.OrderBy(pl.Alias), p.Limit,
 		pl.QID, pl.QLockedUntil, pl.QAttempt, pl.QOrder, pl.NextAttempt("u"))

@@ -112,7 +112,7 @@ WHERE %[4]s IN (SELECT %[5]s.%[4]s FROM %[1]s %[5]s WHERE %[6]s ORDER BY %[7]s L
 RETURNING *`
 
 // ClaimLeases claims with one UPDATE .. RETURNING.
-func (Dialect) ClaimLeases(ctx context.Context, on core.Querier, p *core.LeaseClaimParams) (*sqlx.Rows, error) {
+func (Dialect) ClaimLeases(ctx context.Context, on sqlx.ExtContext, p *core.LeaseClaimParams) (*sqlx.Rows, error) {
 	pl := p.Plan
 	q := fmt.Sprintf(claimLeases, pl.QTable, pl.QLockedUntil, pl.QAttempt, pl.QID, pl.Alias, p.Where, pl.OrderBy(pl.Alias), p.Limit, pl.NextAttempt(""))
 	return on.QueryxContext(ctx, q, append([]any{p.Deadline}, p.Args...)...)
