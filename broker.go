@@ -38,8 +38,12 @@ func Open(db *sqlx.DB) (*Broker, error) {
 	return OpenDialect(db, d), nil
 }
 
-// OpenDialect returns a broker on db that speaks dialect d.
+// OpenDialect returns a broker on db that speaks dialect d. A driver name
+// sqlx does not know is bound to d's bind type, as Register does.
 func OpenDialect(db *sqlx.DB, d core.Dialect) *Broker {
+	if db != nil && sqlx.BindType(db.DriverName()) == sqlx.UNKNOWN {
+		sqlx.BindDriver(db.DriverName(), d.BindType())
+	}
 	return &Broker{db: db, dialect: d, pool: core.NewPool(db, d), subs: map[*Subscription]struct{}{}}
 }
 

@@ -20,6 +20,11 @@ var (
 // Dialects register in init(); users blank-import the dialect package. If
 // Register is called twice with the same name, or if d is nil or name empty,
 // it panics.
+//
+// Register also tells sqlx the name's bind type (d.BindType), so that
+// Rebind on the name's pools and transactions (a handler's Delivery.Tx)
+// writes the dialect's placeholders; it panics when sqlx already binds the
+// name otherwise.
 func Register(name string, d core.Dialect) {
 	dialectsMu.Lock()
 	defer dialectsMu.Unlock()
@@ -32,7 +37,20 @@ func Register(name string, d core.Dialect) {
 	if _, dup := dialects[name]; dup {
 		panic("sqlxbroker: Register called twice for dialect " + name)
 	}
+	bindDriver(name, d)
 	dialects[name] = d
+}
+
+// bindDriver binds name to d's bind type in sqlx when sqlx does not know
+// the name, and panics when sqlx binds it otherwise.
+func bindDriver(name string, d core.Dialect) {
+	switch bt := sqlx.BindType(name); bt {
+	case d.BindType():
+	case sqlx.UNKNOWN:
+		sqlx.BindDriver(name, d.BindType())
+	default:
+		panic(fmt.Sprintf("sqlxbroker: Register dialect %s for driver %q with bind type %d, but sqlx binds %q with %d", d.Name(), name, d.BindType(), name, bt))
+	}
 }
 
 // Dialects returns a sorted list of the registered dialect names.

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/core"
 )
@@ -86,5 +87,27 @@ func TestTableValidate(t *testing.T) {
 	got := k.Render(func(c string) any { return map[string]any{"account": int64(7), "region": []byte("eu")}[c] })
 	if got != "acct-7-{x}-eu" {
 		t.Errorf("Render = %q", got)
+	}
+}
+
+type dollarDialect struct{ fakeDialect }
+
+func (dollarDialect) BindType() int { return sqlx.DOLLAR }
+
+// TestRegisterBindsDriver: a dialect registered under a driver name sqlx
+// does not know makes sqlx rebind that name's statements (a handler's
+// Delivery.Tx().Rebind) with the dialect's placeholders; a name sqlx binds
+// otherwise is refused.
+func TestRegisterBindsDriver(t *testing.T) {
+	if sqlx.BindType("fake-dollar") != sqlx.UNKNOWN {
+		t.Fatal("fake-dollar is known to sqlx before it is registered")
+	}
+	sqlxbroker.Register("fake-dollar", dollarDialect{})
+	if got := sqlx.Rebind(sqlx.BindType("fake-dollar"), "SELECT ? + ?"); got != "SELECT $1 + $2" {
+		t.Errorf("after Register, a fake-dollar statement rebinds as %q", got)
+	}
+	mustPanic(t, "Register of a $-dialect under sqlx's ?-bound mysql", func() { sqlxbroker.Register("mysql", dollarDialect{}) })
+	if _, err := sqlxbroker.Lookup("mysql"); err == nil {
+		t.Error("a refused registration was kept")
 	}
 }
