@@ -139,6 +139,7 @@ func Scenarios() []Scenario {
 		}, LockWaitLimit},
 		{"Outcomes", all, Outcomes},
 		{"PublishFields", all, PublishFields},
+		{"PoolLifecycle", all, PoolLifecycle},
 		{"BrokenRows", all, BrokenRows},
 		{"HandlerTx", only(sqlxbroker.RowLock), HandlerTx},
 		{"TxAfterCompletion", only(sqlxbroker.RowLock), TxAfterCompletion},
