@@ -82,6 +82,14 @@ type Target struct {
 	// through OldServer). A form the dialect does not offer is checked
 	// for ErrFormUnavailable whether listed or not. Nil runs every form.
 	Forms []sqlxbroker.Form
+	// Sessions, when set, opens a pool like Open and returns with it a
+	// kill that ends, from another session, every server session the pool
+	// has opened so far, as a failover or an administrator would, and
+	// returns how many it ended (conformance.Sessions makes one from the
+	// driver's connector). The scenarios SessionLoss and HolderLost need
+	// it and skip, saying so, without it (a database without server
+	// sessions, such as SQLite, has nothing to end).
+	Sessions func(t TB) (db *sqlx.DB, kill func(t TB) int)
 }
 
 // runs reports whether the suite runs form f's scenarios.
@@ -140,6 +148,9 @@ func Scenarios() []Scenario {
 		{"Outcomes", all, Outcomes},
 		{"PublishFields", all, PublishFields},
 		{"PoolLifecycle", all, PoolLifecycle},
+		{"SessionLoss", all, SessionLoss},
+		{"SessionCrash", all, SessionCrash},
+		{"HolderLost", only(sqlxbroker.Advisory), HolderLost},
 		{"BrokenRows", all, BrokenRows},
 		{"HandlerTx", only(sqlxbroker.RowLock), HandlerTx},
 		{"TxAfterCompletion", only(sqlxbroker.RowLock), TxAfterCompletion},
@@ -149,8 +160,43 @@ func Scenarios() []Scenario {
 	}
 }
 
+// step is one entry of the suite as it runs: a scenario of a form, a
+// form's Unavailable check, or (form 0) VersionGate. A form the Target
+// leaves out is one step with skip set.
+type step struct {
+	form sqlxbroker.Form
+	name string
+	skip string
+	run  func(t TB)
+}
+
+// steps lists what Run and RunAll run, in order.
+func (tg *Target) steps() []step {
+	caps := core.CapabilitiesOf(tg.Dialect)
+	var out []step
+	for _, f := range core.Forms {
+		switch {
+		case !caps.Offers(f):
+			out = append(out, step{form: f, name: "Unavailable", run: func(t TB) { Unavailable(t, tg, f) }})
+		case !tg.runs(f):
+			out = append(out, step{form: f, skip: fmt.Sprintf("the %s form is left out (Target.Forms)", f)})
+		default:
+			for _, s := range Scenarios() {
+				if s.Applies(tg.Dialect, f) {
+					out = append(out, step{form: f, name: s.Name, run: func(t TB) { s.Run(t, tg, f) }})
+				}
+			}
+		}
+	}
+	if tg.OldServer != nil {
+		out = append(out, step{name: "VersionGate", run: func(t TB) { VersionGate(t, tg) }})
+	}
+	return out
+}
+
 // Run runs every scenario for every form: offered forms as subtests
-// "<form>/<scenario>", forms not offered as "<form>/Unavailable".
+// "<form>/<scenario>", forms not offered as "<form>/Unavailable", and
+// VersionGate when the Target has an OldServer.
 func Run(t *testing.T, tg Target) {
 	if childMode(t, &tg) {
 		return
@@ -158,26 +204,24 @@ func Run(t *testing.T, tg Target) {
 	if testing.Short() {
 		tg.Short = true
 	}
-	caps := core.CapabilitiesOf(tg.Dialect)
+	steps := tg.steps()
 	for _, f := range core.Forms {
 		t.Run(f.String(), func(t *testing.T) {
-			if !caps.Offers(f) {
-				t.Run("Unavailable", func(t *testing.T) { Unavailable(t, &tg, f) })
-				return
-			}
-			if !tg.runs(f) {
-				t.Skipf("the %s form is left out (Target.Forms)", f)
-			}
-			for _, s := range Scenarios() {
-				if !s.Applies(tg.Dialect, f) {
-					continue
+			for _, s := range steps {
+				switch {
+				case s.form != f:
+				case s.skip != "":
+					t.Skip(s.skip)
+				default:
+					t.Run(s.name, func(t *testing.T) { s.run(t) })
 				}
-				t.Run(s.Name, func(t *testing.T) { s.Run(t, &tg, f) })
 			}
 		})
 	}
-	if tg.OldServer != nil {
-		t.Run("VersionGate", func(t *testing.T) { VersionGate(t, &tg) })
+	for _, s := range steps {
+		if s.form == 0 {
+			t.Run(s.name, func(t *testing.T) { s.run(t) })
+		}
 	}
 }
 

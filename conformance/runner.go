@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/sqlxbroker/sqlxbroker"
-	"github.com/sqlxbroker/sqlxbroker/core"
 )
 
 // Result is one scenario's outcome outside a Go test.
@@ -26,38 +25,23 @@ type Result struct {
 // scenario re-runs the current program with tg.ChildArgs, which must reach
 // MaybeChild before anything else.
 func RunAll(tg Target, progress func(r Result, done bool)) []Result {
-	caps := core.CapabilitiesOf(tg.Dialect)
 	var out []Result
-	run := func(f sqlxbroker.Form, name string, fn func(t TB)) {
-		r := Result{Form: f, Scenario: name}
+	for _, s := range tg.steps() {
+		if s.skip != "" {
+			continue
+		}
+		r := Result{Form: s.form, Scenario: s.name}
 		if progress != nil {
 			progress(r, false)
 		}
-		t := &runT{name: "Conformance/" + f.String() + "/" + name}
+		t := &runT{name: "Conformance/" + s.form.String() + "/" + s.name}
 		begin := time.Now()
-		t.run(fn)
+		t.run(s.run)
 		r.Took, r.Log, r.Status = time.Since(begin), t.log, t.status()
 		out = append(out, r)
 		if progress != nil {
 			progress(r, true)
 		}
-	}
-	for _, f := range core.Forms {
-		if !caps.Offers(f) {
-			run(f, "Unavailable", func(t TB) { Unavailable(t, &tg, f) })
-			continue
-		}
-		if !tg.runs(f) {
-			continue
-		}
-		for _, s := range Scenarios() {
-			if s.Applies(tg.Dialect, f) {
-				run(f, s.Name, func(t TB) { s.Run(t, &tg, f) })
-			}
-		}
-	}
-	if tg.OldServer != nil {
-		run(0, "VersionGate", func(t TB) { VersionGate(t, &tg) })
 	}
 	return out
 }

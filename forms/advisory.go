@@ -27,14 +27,13 @@ type advisory struct {
 	stop    chan struct{} // ends the holder's pings
 	stopped sync.Once
 
-	cmu      sync.Mutex
-	cqueue   []*advisoryClaim // completions waiting for their batch
-	flushing int              // flushers running
+	batch batcher[*advisoryClaim] // completions, written in batches by flush
 }
 
 func newAdvisory(b base) *advisory {
 	f := &advisory{base: b, held: map[string]bool{}, stop: make(chan struct{})}
 	f.keys.f = f
+	f.batch.flush = f.flush
 	return f
 }
 
@@ -204,11 +203,9 @@ func (f *advisory) takeAll(ctx context.Context, claims []*advisoryClaim) ([]core
 }
 
 // countAll adds 1 to the attempt of each row of claims that is still
-// claimable and returns those rows as they now are: one UPDATE ..
-// RETURNING, or where the dialect has none, an UPDATE and a read of the
-// rows that still meet the same condition at the same instant. The two
-// agree: the rows' keys are held, so no completion changes a row between
-// them, and the condition does not depend on the attempt.
+// claimable and returns those rows as they now are (updateRows: the rows'
+// keys are held, so no completion changes a row between an UPDATE and its
+// read, and the condition does not depend on the attempt).
 func (f *advisory) countAll(ctx context.Context, claims []*advisoryClaim) ([]row, error) {
 	p := f.plan
 	ids := make([]any, len(claims))
@@ -217,27 +214,7 @@ func (f *advisory) countAll(ctx context.Context, claims []*advisoryClaim) ([]row
 	}
 	where, args := p.Ready(p.QTable, core.Now())
 	in := p.QTable + "." + p.QID + " IN " + marks(len(ids)) + " AND " + where
-	set := "UPDATE " + p.QTable + " SET " + p.QAttempt + " = " + p.NextAttempt("") + " WHERE " + in
-	args = append(ids, args...)
-	if p.Dialect.Features().UpdateReturning {
-		rs, err := f.db.QueryxContext(ctx, p.Rebind(set+" RETURNING *"), args...)
-		if err != nil {
-			return nil, err
-		}
-		return readRows(rs)
-	}
-	res, err := f.db.ExecContext(ctx, p.Rebind(set), args...)
-	if err != nil {
-		return nil, err
-	}
-	if n, err := res.RowsAffected(); err != nil || n == 0 {
-		return nil, err
-	}
-	rs, err := f.db.QueryxContext(ctx, p.Rebind("SELECT * FROM "+p.QTable+" WHERE "+in), args...)
-	if err != nil {
-		return nil, err
-	}
-	return readRows(rs)
+	return f.updateRows(ctx, f.db, p.QAttempt+" = "+p.NextAttempt(""), in, append(ids, args...))
 }
 
 // tryLocks tries the keys of wave on the holder's session and returns the
@@ -283,12 +260,9 @@ func (f *advisory) drop(key string) {
 func (f *advisory) count(ctx context.Context, id any) (*row, error) {
 	p := f.plan
 	where, args := p.Ready(p.QTable, core.Now())
-	upd := "UPDATE " + p.QTable + " SET " + p.QAttempt + " = " + p.NextAttempt("") + " WHERE " + p.QTable + "." + p.QID + " = ? AND " + where
+	in := p.QTable + "." + p.QID + " = ? AND " + where
 	args = append([]any{id}, args...)
-	var q interface {
-		sqlx.ExecerContext
-		sqlx.QueryerContext
-	} = f.db
+	var q sqlx.ExtContext = f.db
 	var tx *sqlx.Tx
 	if p.QGroup != "" {
 		var err error
@@ -306,30 +280,9 @@ func (f *advisory) count(ctx context.Context, id any) (*row, error) {
 			return nil, err
 		}
 	}
-	var rows []row
-	if p.Dialect.Features().UpdateReturning {
-		rs, err := q.QueryxContext(ctx, p.Rebind(upd+" RETURNING *"), args...)
-		if err != nil {
-			return nil, err
-		}
-		if rows, err = readRows(rs); err != nil {
-			return nil, err
-		}
-	} else {
-		res, err := q.ExecContext(ctx, p.Rebind(upd), args...)
-		if err != nil {
-			return nil, err
-		}
-		if n, err := res.RowsAffected(); err != nil || n == 0 {
-			return nil, err
-		}
-		rs, err := q.QueryxContext(ctx, p.Rebind("SELECT * FROM "+p.QTable+" WHERE "+p.QID+" = ?"), id)
-		if err != nil {
-			return nil, err
-		}
-		if rows, err = readRows(rs); err != nil {
-			return nil, err
-		}
+	rows, err := f.updateRows(ctx, q, p.QAttempt+" = "+p.NextAttempt(""), in, args)
+	if err != nil {
+		return nil, err
 	}
 	if len(rows) == 0 {
 		return nil, nil
@@ -380,26 +333,16 @@ func (c *advisoryClaim) lost(o core.Outcome) error {
 	return fmt.Errorf("%w: the session holding advisory key %q ended before the %s completion", core.ErrLeaseLost, c.key, o.Kind)
 }
 
-// Complete queues the completion and returns at once: completions that
-// queue while a batch is written on the key session go together in the
-// next (flush), which records o and then releases the key, so completions
+// Complete queues the completion (batcher) and returns at once:
+// completions that queue while a batch is written on the key session go
+// together in the next (flush), which records o and then releases the key, so completions
 // use no connection beyond the key session whatever the concurrency. When
 // the session holding the key ended first, another claim may already have
 // the row: the completion changes nothing and done gets core.ErrLeaseLost
 // (the row, attempt counted, is claimable again).
 func (c *advisoryClaim) Complete(ctx context.Context, o core.Outcome, done func(error)) {
-	f := c.f
 	c.o, c.done = o, done
-	f.cmu.Lock()
-	f.cqueue = append(f.cqueue, c)
-	start := f.flushing < flushers
-	if start {
-		f.flushing++
-	}
-	f.cmu.Unlock()
-	if start {
-		go f.flusher()
-	}
+	c.f.batch.add(c) // never closed: the key session outlives Close until its last key
 }
 
 // completeOne records o for one claim on q.
@@ -410,23 +353,6 @@ func (f *advisory) completeOne(ctx context.Context, q sqlx.ExecerContext, c *adv
 		}
 	}
 	return nil
-}
-
-// flusher writes queued completions, a batch at a time, until none is left.
-func (f *advisory) flusher() {
-	for {
-		f.cmu.Lock()
-		n := min(len(f.cqueue), maxBatch)
-		if n == 0 {
-			f.flushing--
-			f.cmu.Unlock()
-			return
-		}
-		batch := f.cqueue[:n:n]
-		f.cqueue = f.cqueue[n:]
-		f.cmu.Unlock()
-		f.flush(batch)
-	}
 }
 
 // flush records a batch on the key session, the successes in one

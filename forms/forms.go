@@ -283,6 +283,36 @@ func guardedHeads(ctx context.Context, tx *sqlx.Tx, p *core.Plan, where string, 
 	return ids, nil
 }
 
+// updateRows runs "UPDATE <table> SET set WHERE where" on q and returns
+// the rows it changed as they now are: with RETURNING * where the dialect
+// has it (Features.UpdateReturning), else the UPDATE and then a read of the
+// rows that meet where with the same args. The caller makes sure the two
+// agree: nothing else changes those rows in between, and where does not
+// depend on what set changes. Statements are given with '?'.
+func (b *base) updateRows(ctx context.Context, q sqlx.ExtContext, set, where string, args []any) ([]row, error) {
+	p := b.plan
+	upd := "UPDATE " + p.QTable + " SET " + set + " WHERE " + where
+	if p.Dialect.Features().UpdateReturning {
+		rs, err := q.QueryxContext(ctx, p.Rebind(upd+" RETURNING *"), args...)
+		if err != nil {
+			return nil, err
+		}
+		return readRows(rs)
+	}
+	res, err := q.ExecContext(ctx, p.Rebind(upd), args...)
+	if err != nil {
+		return nil, err
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return nil, err
+	}
+	rs, err := q.QueryxContext(ctx, p.Rebind("SELECT * FROM "+p.QTable+" WHERE "+where), args...)
+	if err != nil {
+		return nil, err
+	}
+	return readRows(rs)
+}
+
 // allOrEach changes n rows in a new transaction. It first runs all, one
 // statement for them all, and keeps it when it changed every row (the
 // usual case); otherwise it rolls that back and runs each(i) for every row

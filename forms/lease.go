@@ -26,18 +26,13 @@ type lease struct {
 	wg       sync.WaitGroup
 	startOne sync.Once
 
-	// Completions wait here for the completer: a queue rather than a
-	// channel, so a thousand handlers completing at once do not contend
-	// for one channel's lock.
-	qmu    sync.Mutex
-	queue  []*leaseClaim
-	closed bool          // the completer has stopped: complete alone
-	queued chan struct{} // cap 1: the queue is not empty
+	batch batcher[*leaseClaim] // completions, written in batches by flush
 }
 
 func newLease(b base) *lease {
-	return &lease{base: b, dur: b.plan.Lease, active: map[*leaseClaim]struct{}{},
-		done: make(chan struct{}), queued: make(chan struct{}, 1)}
+	f := &lease{base: b, dur: b.plan.Lease, active: map[*leaseClaim]struct{}{}, done: make(chan struct{})}
+	f.batch.flush = f.flush
+	return f
 }
 
 // Traits: one statement claims the whole batch.
@@ -45,15 +40,15 @@ func (f *lease) Traits() core.Traits { return core.Traits{Batches: true} }
 
 func (f *lease) Start(ctx context.Context) error {
 	f.startOne.Do(func() {
-		f.wg.Add(2)
+		f.wg.Add(1)
 		go f.renewer()
-		go f.completer()
 	})
 	return nil
 }
 
-// Close stops renewal and completion batching. Leases in work then run out
-// unless completed through the fence by a live form.
+// Close stops renewal and completion batching: queued completions are
+// written, later ones run alone. Leases in work then run out unless
+// completed through the fence by a live form.
 func (f *lease) Close() error {
 	select {
 	case <-f.done:
@@ -61,6 +56,7 @@ func (f *lease) Close() error {
 		close(f.done)
 	}
 	f.wg.Wait()
+	f.batch.close()
 	return nil
 }
 
@@ -174,7 +170,7 @@ type leaseClaim struct {
 	wasLost  bool   // the lease was lost
 	onLost   func() // called once the lease is lost
 
-	// The completion, while it waits in the completer's queue.
+	// The completion, while it waits in the form's batcher.
 	o    core.Outcome
 	done func(error)
 }
@@ -228,36 +224,17 @@ func (c *leaseClaim) finish() time.Time {
 	return c.token
 }
 
-// Complete queues the completion for the form's completer, which writes
-// what has queued together: successes in one statement, other outcomes one
-// statement each, on at most flushers connections, and calls done with the
-// result (a flush is bounded by its own timeout, so done is always called).
-// Once the form is closed the completion runs alone. Whatever the result,
-// the lease is renewed no more.
+// Complete queues the completion (batcher), written with what has queued
+// together: successes in one statement, other outcomes one statement each,
+// on at most flushers connections; done gets the result (a flush is bounded
+// by its own timeout, so done is always called). Once the form is closed
+// the completion runs alone. Whatever the result, the lease is renewed no
+// more.
 func (c *leaseClaim) Complete(ctx context.Context, o core.Outcome, done func(error)) {
 	c.o, c.done = o, done
-	if !c.enqueue() {
+	if !c.f.batch.add(c) {
 		done(c.f.completeOne(ctx, c, o))
 	}
-}
-
-// enqueue puts c in the completer's queue; false once the form is closed.
-func (c *leaseClaim) enqueue() bool {
-	f := c.f
-	f.qmu.Lock()
-	if f.closed {
-		f.qmu.Unlock()
-		return false
-	}
-	f.queue = append(f.queue, c)
-	f.qmu.Unlock()
-	if len(f.queued) == 0 {
-		select {
-		case f.queued <- struct{}{}:
-		default:
-		}
-	}
-	return true
 }
 
 // completeOne records o for one claim, fenced by its token.
@@ -451,63 +428,6 @@ func minTime(a, b time.Time) time.Time {
 // connection, shared by all its subscriptions, comes on top unless the
 // dialect listens on a connection of its own.)
 const LeaseConnections = 1 + flushers + 1
-
-const (
-	// maxBatch is the most completions (or renewals) written in one
-	// statement.
-	maxBatch = 1000
-	// flushers is the most completion batches written at once, each on
-	// its own connection.
-	flushers = 2
-)
-
-// completer writes completions in batches: whatever has queued while the
-// flushers were busy goes in the next batch. When the form closes it writes
-// what is queued, and later completions run alone.
-func (f *lease) completer() {
-	defer f.wg.Done()
-	var flushing sync.WaitGroup
-	defer flushing.Wait()
-	sem := make(chan struct{}, flushers)
-	take := func() []*leaseClaim {
-		f.qmu.Lock()
-		defer f.qmu.Unlock()
-		n := min(len(f.queue), maxBatch)
-		batch := f.queue[:n:n]
-		f.queue = f.queue[n:]
-		if len(f.queue) == 0 {
-			f.queue = nil
-		}
-		return batch
-	}
-	for {
-		select {
-		case <-f.done:
-			f.qmu.Lock()
-			f.closed = true
-			f.qmu.Unlock()
-			for batch := take(); len(batch) > 0; batch = take() {
-				f.flush(batch)
-			}
-			return
-		case <-f.queued:
-		}
-		for {
-			sem <- struct{}{} // a free flusher; the queue grows meanwhile
-			batch := take()
-			if len(batch) == 0 {
-				<-sem
-				break
-			}
-			flushing.Add(1)
-			go func() {
-				defer flushing.Done()
-				defer func() { <-sem }()
-				f.flush(batch)
-			}()
-		}
-	}
-}
 
 // flush records a batch: the successes in one fenced statement, every other
 // outcome alone, and answers each request.

@@ -82,7 +82,7 @@ func TestRenewalAfterALostLease(t *testing.T) {
 }
 
 // TestCompleteThatGivesUpStopsRenewal: a completion whose context ends
-// before the completer takes it returns an error and leaves the row to come
+// before the batcher takes it returns an error and leaves the row to come
 // back when its lease runs out. It must stop renewing the lease; a claim
 // renewed after its completion returned would hold its row for as long as
 // the form runs. (It used to: the claim stayed in work.)
@@ -110,7 +110,7 @@ func TestCompleteThatGivesUpStopsRenewal(t *testing.T) {
 	cancel()
 	gaveUp := 0
 	for _, c := range cs {
-		// The completer may take some (their rows are deleted); the rest
+		// The batcher may take some (their rows are deleted); the rest
 		// give up at once.
 		if err := conformance.Complete(gone, c, sqlxbroker.Outcome{Kind: sqlxbroker.Succeeded}); err != nil {
 			gaveUp++

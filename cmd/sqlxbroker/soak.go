@@ -63,6 +63,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 	"github.com/sqlxbroker/sqlxbroker"
+	"github.com/sqlxbroker/sqlxbroker/conformance"
 	"github.com/sqlxbroker/sqlxbroker/core"
 	"github.com/sqlxbroker/sqlxbroker/dialects/sqlite"
 )
@@ -320,13 +321,7 @@ func killerFor(driver, runID string) sessionKiller {
 			if err := db.SelectContext(ctx, &ids, list, args...); err != nil {
 				return 0, err
 			}
-			n := 0
-			for _, id := range pick(ids) {
-				if _, err := db.ExecContext(ctx, fmt.Sprintf(kill, id)); err == nil {
-					n++
-				}
-			}
-			return n, nil
+			return conformance.KillSessions(ctx, db, kill, pick(ids))
 		}
 	}
 	switch driver {

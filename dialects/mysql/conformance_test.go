@@ -1,7 +1,10 @@
 package mysql_test
 
 import (
+	sqldriver "database/sql/driver"
 	"testing"
+
+	driver "github.com/go-sql-driver/mysql"
 
 	"github.com/sqlxbroker/sqlxbroker/conformance"
 	"github.com/sqlxbroker/sqlxbroker/conformance/provision"
@@ -12,11 +15,24 @@ import (
 // SQLXBROKER_MYSQL_DSN, else a MariaDB container where Docker runs, else a
 // skip that names the variable.
 func TestConformance(t *testing.T) {
-	conformance.Run(t, conformance.DSNTarget(mysql.Dialect{}, "mysql", provision.MariaDB.Get(t)))
+	conformance.Run(t, target(t, provision.MariaDB.Get(t)))
 }
 
 // TestConformanceMySQL8 runs the suite on MySQL 8 where one is given
 // (SQLXBROKER_MYSQL8_DSN) or Docker can start one.
 func TestConformanceMySQL8(t *testing.T) {
-	conformance.Run(t, conformance.DSNTarget(mysql.Dialect{}, "mysql", provision.MySQL.GetOptional(t)))
+	conformance.Run(t, target(t, provision.MySQL.GetOptional(t)))
+}
+
+// target is the suite's Target for the server at dsn, with the hook that
+// ends a pool's sessions (KILL CONNECTION).
+func target(t *testing.T, dsn string) conformance.Target {
+	cfg, err := driver.ParseDSN(dsn)
+	if err != nil {
+		t.Fatalf("DSN: %v", err)
+	}
+	tg := conformance.DSNTarget(mysql.Dialect{}, "mysql", dsn)
+	tg.Sessions = conformance.Sessions("mysql", func() (sqldriver.Connector, error) { return driver.NewConnector(cfg) },
+		"SELECT CONNECTION_ID()", "KILL CONNECTION %d")
+	return tg
 }

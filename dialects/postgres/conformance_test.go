@@ -2,11 +2,13 @@ package postgres_test
 
 import (
 	"context"
+	"database/sql/driver"
 	"os"
 	"strings"
 	"testing"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
 	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/conformance"
 	"github.com/sqlxbroker/sqlxbroker/conformance/provision"
@@ -17,18 +19,18 @@ import (
 // TestConformance runs the shared suite on PostgreSQL: SQLXBROKER_POSTGRES_DSN,
 // else a container where Docker runs, else a skip that names the variable.
 func TestConformance(t *testing.T) {
-	dsn := provision.Postgres.Get(t)
-	conformance.Run(t, conformance.Target{
+	conformance.Run(t, target(provision.Postgres.Get(t)))
+}
+
+// target is the suite's Target for the server at dsn, with the hook that
+// ends a pool's sessions (pg_terminate_backend).
+func target(dsn string) conformance.Target {
+	return conformance.Target{
 		Dialect: postgres.Dialect{},
-		Open: func(t conformance.TB) *sqlx.DB {
-			db, err := sqlx.Open("postgres", dsn)
-			if err != nil {
-				t.Fatalf("open: %v", err)
-			}
-			t.Cleanup(func() { db.Close() })
-			return db
-		},
-	})
+		Open:    openDSN(dsn),
+		Sessions: conformance.Sessions("postgres", func() (driver.Connector, error) { return pq.NewConnector(dsn) },
+			"SELECT pg_backend_pid()", "SELECT pg_terminate_backend(%d)"),
+	}
 }
 
 // matrixDSN returns the DSN in env var name, set by scripts/pg-matrix.sh.
@@ -62,35 +64,21 @@ func openDSN(dsn string) func(t conformance.TB) *sqlx.DB {
 // scripts/pg-matrix.sh installs (SQLXBROKER_POSTGRES_NEWEST_DSN).
 func TestConformanceNewest(t *testing.T) {
 	dsn := matrixDSN(t, "SQLXBROKER_POSTGRES_NEWEST_DSN")
-	conformance.Run(t, conformance.Target{Dialect: postgres.Dialect{}, Open: openDSN(dsn)})
+	conformance.Run(t, target(dsn))
 }
 
 // TestConformancePostgres10 runs the suite on PostgreSQL 10
 // (SQLXBROKER_POSTGRES10_DSN), which is too old for the advisory form: the
 // version gate checks that advisory subscriptions are refused with
 // ErrServerTooOld and the other forms subscribe, then every scenario of the
-// row-lock and lease forms runs as "<form>/<scenario>".
+// row-lock and lease forms runs as "<form>/<scenario>" (the advisory form
+// is left out of them, Target.Forms).
 func TestConformancePostgres10(t *testing.T) {
 	dsn := matrixDSN(t, "SQLXBROKER_POSTGRES10_DSN")
-	tg := conformance.Target{
-		Dialect:          postgres.Dialect{},
-		Open:             openDSN(dsn),
-		OldServer:        openDSN(dsn),
-		OldServerRefuses: []sqlxbroker.Form{sqlxbroker.Advisory},
-		Short:            testing.Short(),
-	}
-	conformance.MaybeChild(tg) // the crash scenario's child process
-	t.Run("VersionGate", func(t *testing.T) { conformance.VersionGate(t, &tg) })
-	for _, f := range []sqlxbroker.Form{sqlxbroker.RowLock, sqlxbroker.Lease} {
-		t.Run(f.String(), func(t *testing.T) {
-			for _, s := range conformance.Scenarios() {
-				if !s.Applies(tg.Dialect, f) {
-					continue
-				}
-				t.Run(s.Name, func(t *testing.T) { s.Run(t, &tg, f) })
-			}
-		})
-	}
+	tg := target(dsn)
+	tg.OldServer, tg.OldServerRefuses = openDSN(dsn), []sqlxbroker.Form{sqlxbroker.Advisory}
+	tg.Forms = []sqlxbroker.Form{sqlxbroker.RowLock, sqlxbroker.Lease}
+	conformance.Run(t, tg)
 }
 
 // TestChainCommit: the row-lock form chains its commits from PostgreSQL 12

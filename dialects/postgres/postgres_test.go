@@ -370,68 +370,6 @@ func killSessions(t *testing.T, db *sqlx.DB, app string) {
 	})
 }
 
-// TestCrashRecovery kills the sessions of a broker with a delivery in work:
-// row-lock rows are claimable at once with the attempt unchanged, advisory
-// rows at once with the attempt counted, lease rows once the lease ends,
-// with the attempt counted.
-func TestCrashRecovery(t *testing.T) {
-	for _, fc := range formCases {
-		t.Run(fc.name, func(t *testing.T) {
-			ctx := context.Background()
-			app := uniq("sxbcrash_")
-			db1, db2 := openDB(t, app), openDB(t, "")
-			b1, b2 := openBroker(t, db1), openBroker(t, db2)
-			tbl := fc.table(uniq("sxb_crash_"), time.Second)
-			createTable(t, b2, tbl)
-			publish(t, b2, tbl, accounts(1, 1))
-
-			f1 := startForm(t, b1, tbl)
-			claimed := time.Now() // the lease runs from before the claim
-			cs, err := f1.Claim(ctx, 1)
-			if err != nil || len(cs) != 1 || sqlxbroker.NewDelivery(cs[0]).Attempt() != 1 {
-				t.Fatalf("first claim: %d claims, %v", len(cs), err)
-			}
-			if fc.name == "lease" {
-				f1.Close() // a crashed process renews nothing
-			}
-			killSessions(t, db2, app)
-
-			f2 := startForm(t, b2, tbl)
-			var again []core.Claim
-			switch fc.name {
-			case "lease":
-				if again, err = f2.Claim(ctx, 1); err != nil || (len(again) > 0 && time.Since(claimed) < 900*time.Millisecond) {
-					t.Fatalf("claim during the lease: %d claims, %v", len(again), err)
-				}
-				waitFor(t, 5*time.Second, "the lease to end", func() bool {
-					again, err = f2.Claim(ctx, 1)
-					return err != nil || len(again) > 0
-				})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if d := time.Since(claimed); d < time.Second {
-					t.Errorf("reclaimed after %v, inside the 1s lease", d)
-				}
-			default:
-				again, err = f2.Claim(ctx, 1)
-				if err != nil || len(again) != 1 {
-					t.Fatalf("claim after the crash: %d claims, %v; want the row at once", len(again), err)
-				}
-			}
-			want := map[string]int{"rowlock": 1, "lease": 2, "advisory": 2}[fc.name]
-			if got := sqlxbroker.NewDelivery(again[0]).Attempt(); got != want {
-				t.Errorf("attempt after the crash = %d, want %d", got, want)
-			}
-			t.Logf("%s: reclaimed after %v, attempt %d", fc.name, time.Since(claimed).Round(time.Millisecond), sqlxbroker.NewDelivery(again[0]).Attempt())
-			completeAll(t, again)
-			if n := count(t, db2, tbl.Name); n != 0 {
-				t.Fatalf("%d rows left", n)
-			}
-		})
-	}
-}
-
 // TestFIFO: two brokers on one FIFO table keep each group in order, one row
 // of a group in work at a time.
 func TestFIFO(t *testing.T) {

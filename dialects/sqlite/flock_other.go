@@ -4,7 +4,7 @@ package sqlite
 
 import "errors"
 
-type fileLock struct{ refs int }
+type fileLock struct{}
 
 // lockFile is not implemented off unix: advisory tables on a file are
 // refused rather than risk a second process double-delivering.

@@ -7,10 +7,7 @@ import (
 	"syscall"
 )
 
-type fileLock struct {
-	f    *os.File
-	refs int
-}
+type fileLock struct{ f *os.File }
 
 // lockFile takes an exclusive, non-blocking flock on path. The OS drops it
 // when the process dies, however it dies.
