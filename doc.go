@@ -19,7 +19,13 @@
 // one row at a time, across brokers.
 package sqlxbroker
 
-import "github.com/sqlxbroker/sqlxbroker/core"
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/sqlxbroker/sqlxbroker/core"
+)
 
 // Form names a claim form: what holds a row while its handler runs, and so
 // what returns the row when a process crashes. Table.Form says which form a
@@ -43,6 +49,26 @@ const (
 	// database drops its keys: the row is claimable at once.
 	Advisory = core.Advisory
 )
+
+// ParseForms reads a comma-separated list of form names as Form.String
+// gives them ("row-lock,lease"); spaces around a name are ignored and ""
+// is the empty list. An unknown name is an error that names it and lists
+// the known ones.
+func ParseForms(s string) ([]Form, error) {
+	var out []Form
+	for _, name := range strings.Split(s, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" {
+			continue
+		}
+		i := slices.IndexFunc(core.Forms, func(f Form) bool { return f.String() == name })
+		if i < 0 {
+			return nil, fmt.Errorf("sqlxbroker: unknown form %q (row-lock, lease or advisory)", name)
+		}
+		out = append(out, core.Forms[i])
+	}
+	return out, nil
+}
 
 // OutcomeKind says what a completion did to a row; Outcome carries it to
 // SubscribeParams.OnOutcome. String names it.

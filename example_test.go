@@ -75,3 +75,14 @@ func ExampleBroker_TableDDL() {
 	//   "account" TEXT
 	// )
 }
+
+// Form names as a configuration file or a flag gives them.
+func ExampleParseForms() {
+	fl, err := sqlxbroker.ParseForms("lease, advisory")
+	fmt.Println(fl, err)
+	_, err = sqlxbroker.ParseForms("lease,rowlock")
+	fmt.Println(err)
+	// Output:
+	// [lease advisory] <nil>
+	// sqlxbroker: unknown form "rowlock" (row-lock, lease or advisory)
+}

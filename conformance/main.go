@@ -176,26 +176,13 @@ func refusedForms(ctx context.Context, d core.Dialect, db *sqlx.DB) (map[sqlxbro
 	return out, nil
 }
 
-// parseForms reads a comma-separated list of form names; "" and "none" are
-// the empty list.
+// parseForms reads a list of form names (sqlxbroker.ParseForms); "none"
+// is the empty list.
 func parseForms(s string) ([]sqlxbroker.Form, error) {
-	var out []sqlxbroker.Form
-	for _, name := range strings.Split(s, ",") {
-		name = strings.TrimSpace(name)
-		if name == "" || name == "none" {
-			continue
-		}
-		found := false
-		for _, f := range core.Forms {
-			if f.String() == name {
-				out, found = append(out, f), true
-			}
-		}
-		if !found {
-			return nil, fmt.Errorf("unknown form %q (row-lock, lease, advisory or none)", name)
-		}
+	if strings.TrimSpace(s) == "none" {
+		return nil, nil
 	}
-	return out, nil
+	return sqlxbroker.ParseForms(s)
 }
 
 // formNames renders forms in core.Forms order, "none" for none.

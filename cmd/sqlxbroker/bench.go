@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -148,25 +149,11 @@ func benchForms(s string, d core.Dialect) ([]sqlxbroker.Form, error) {
 	if s == "all" {
 		return core.FormsOf(d), nil
 	}
-	var out []sqlxbroker.Form
-	for _, name := range strings.Split(s, ",") {
-		f := formByName(strings.TrimSpace(name))
-		if f == 0 {
-			return nil, fmt.Errorf("bench: unknown form %q (row-lock, lease, advisory or all)", name)
-		}
-		out = append(out, f)
+	fl, err := sqlxbroker.ParseForms(s)
+	if err == nil && len(fl) == 0 {
+		err = errors.New("no form given (row-lock, lease, advisory or all)")
 	}
-	return out, nil
-}
-
-// formByName returns the form whose String is name, 0 for none.
-func formByName(name string) sqlxbroker.Form {
-	for _, f := range core.Forms {
-		if f.String() == name {
-			return f
-		}
-	}
-	return 0
+	return fl, err
 }
 
 func parseInts(s string) ([]int, error) {
