@@ -498,7 +498,7 @@ func HandlerTx(t TB, tg *Target, f sqlxbroker.Form) {
 // TxAfterCompletion: in the row-lock form a delivery's transaction is the
 // handler's only while it runs. A handler that kept its delivery and asks
 // for the transaction afterwards gets sql.ErrTxDone, never a transaction
-// that now holds another row (a dialect that chains commits, TxChainer,
+// that now holds another row (a dialect that chains commits, RowLockSQL.ChainCommit,
 // goes on in the same transaction). Once the table is drained the
 // subscription keeps no connection in use while it waits for rows.
 func TxAfterCompletion(t TB, tg *Target, f sqlxbroker.Form) {

@@ -10,7 +10,7 @@ import (
 )
 
 // TestKeySessionLockWaitReset: the advisory key session limits its lock
-// waits (innodb_lock_wait_timeout, core.LockWaitLimiter) only while it
+// waits (innodb_lock_wait_timeout, core.AdvisoryLocker.LockWaitLimit) only while it
 // holds keys; back in the pool, every connection has the global value
 // again.
 func TestKeySessionLockWaitReset(t *testing.T) {

@@ -583,7 +583,7 @@ func TestClaimIsolation(t *testing.T) {
 }
 
 // TestRowLockChainsCommits: the row-lock form goes from one delivery to the
-// next with COMMIT AND CHAIN (core.TxChainer), so a drain of one handler
+// next with COMMIT AND CHAIN (core.RowLockSQL.ChainCommit), so a drain of one handler
 // opens a transaction for the first row only, not one per row; a handler
 // that asks for its transaction gets a plain commit.
 func TestRowLockChainsCommits(t *testing.T) {
@@ -627,7 +627,7 @@ func TestRowLockChainsCommits(t *testing.T) {
 }
 
 // TestRowLockPrepared: the row-lock form prepares its claim and completion
-// once per connection (core.StatementPreparer) and executes them for every
+// once per connection (core.RowLockSQL.Prepare) and executes them for every
 // row: a drain of one handler prepares a few statements and executes two
 // per row.
 func TestRowLockPrepared(t *testing.T) {

@@ -9,7 +9,7 @@ import (
 )
 
 // TestKeySessionLockTimeoutReset: the advisory key session limits its
-// lock waits (lock_timeout, core.LockWaitLimiter) only while it holds keys;
+// lock waits (lock_timeout, core.AdvisoryLocker.LockWaitLimit) only while it holds keys;
 // back in the pool, every connection has the session default again.
 func TestKeySessionLockTimeoutReset(t *testing.T) {
 	ctx := context.Background()
