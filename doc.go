@@ -17,6 +17,34 @@
 //
 // A table with a Group column is FIFO: each group is delivered in order,
 // one row at a time, across brokers.
+//
+// # Outcomes
+//
+// A handler that returns nil completes its row: deleted, or marked done
+// when the table has a DoneAt column. Any error, and a panic, returns the
+// row for another attempt after SubscribeParams.RetryDelay (which sees the
+// attempt and the error), and moves it to the dead state after the table's
+// last attempt (MaxAttempts), kept with DeadAt set. Three errors, returned
+// as they are or wrapped, say otherwise:
+//
+//   - Permanent(err): the row is bad for good; it goes dead at once, kept
+//     with its attempt and err.
+//   - RetryAfter(d, err): a failure retried no earlier than d from now; it
+//     counts an attempt, so MaxAttempts still ends it.
+//   - Snooze(d): not a failure; the row comes back d from now and the
+//     delivery uses no attempt, so a row snoozed any number of times still
+//     gets its MaxAttempts.
+//
+// Permanent needs a DeadAt column, RetryAfter and Snooze a ReadyAt column;
+// without it the delivery counts as a plain failure and its log line says
+// which column is missing. In the row-lock form every non-nil return rolls
+// back the handler's writes through Delivery.Tx. A table with a LastError
+// column keeps the text of the last failure (retry or dead) there.
+//
+// Failed deliveries are logged through SubscribeParams.Logger at
+// FailureLevel (warn by default), a panic's line with its stack, at most
+// FailureLogLimit lines a second: beyond it one line a second sums up the
+// failures not logged.
 package sqlxbroker
 
 import (
@@ -89,9 +117,19 @@ const (
 	// Released: the subscription stopped without time to finish; the row is
 	// given back untouched apart from what the form already counted.
 	Released = core.Released
+	// Snoozed: the handler returned Snooze; the row comes back at
+	// Outcome.RetryAt with no attempt used: the next delivery reports the
+	// attempt this one did (the lease and advisory forms take back the
+	// count of their claim, the row-lock form adds none).
+	Snoozed = core.Snoozed
 )
 
+// LastErrorLimit is the most bytes of an error's text the LastError column
+// receives; a longer text is cut at a character boundary and ends in "...".
+const LastErrorLimit = core.LastErrorLimit
+
 // Outcome is what a completion recorded for a delivery, as
-// SubscribeParams.OnOutcome sees it: Kind, RetryAt (Retry only; zero means
-// at once) and Err (the handler's error, for Retry, Dead and Released).
+// SubscribeParams.OnOutcome sees it: Kind, RetryAt (Retry and Snoozed; zero
+// means at once) and Err (the handler's error, for Retry, Dead, Released
+// and Snoozed).
 type Outcome = core.Outcome

@@ -26,10 +26,10 @@ type SubscribeParams struct {
 	PollInterval time.Duration
 	// MinPollInterval is the first idle wait; default 10ms.
 	MinPollInterval time.Duration
-	// RetryDelay gives the delay before attempt+1 after attempt failed,
-	// applied where the table has a ReadyAt column; default 1s doubling
-	// per attempt up to 10 minutes.
-	RetryDelay func(attempt int) time.Duration
+	// RetryDelay gives the delay before attempt+1 after attempt failed
+	// with err, applied where the table has a ReadyAt column; default
+	// DefaultRetryDelay. A handler's RetryAfter overrides it.
+	RetryDelay func(attempt int, err error) time.Duration
 	// CompleteTimeout bounds one completion; default 30s.
 	CompleteTimeout time.Duration
 	// Wake, when set, makes the subscription claim at once on each receive.
@@ -40,13 +40,22 @@ type SubscribeParams struct {
 	// for a form that writes completions in batches (lease, advisory) the
 	// form's, so it should not block.
 	OnOutcome func(d *Delivery, o Outcome, err error)
-	// Logger receives claim and completion errors; default slog.Default().
+	// Logger receives claim and completion errors and failed deliveries;
+	// default slog.Default().
 	Logger *slog.Logger
+	// FailureLevel is the level of the line logged for each failed
+	// delivery (a handler error or panic, with the panic's stack); default
+	// slog.LevelWarn. Set it below the Logger's level to log none.
+	FailureLevel slog.Leveler
+	// FailureLogLimit is the most failure lines per second; beyond it the
+	// failures are counted and summed up in one line per second (how many,
+	// how many panicked or went dead, the last error). Default 10.
+	FailureLogLimit int
 }
 
 func (p *SubscribeParams) defaults() error {
-	if p.Concurrency < 0 || p.BatchSize < 0 || p.PollInterval < 0 || p.MinPollInterval < 0 {
-		return fmt.Errorf("sqlxbroker: SubscribeParams: negative Concurrency, BatchSize or poll interval")
+	if p.Concurrency < 0 || p.BatchSize < 0 || p.PollInterval < 0 || p.MinPollInterval < 0 || p.FailureLogLimit < 0 {
+		return fmt.Errorf("sqlxbroker: SubscribeParams: negative Concurrency, BatchSize, poll interval or FailureLogLimit")
 	}
 	if p.Concurrency == 0 {
 		p.Concurrency = 10
@@ -72,11 +81,18 @@ func (p *SubscribeParams) defaults() error {
 	if p.Logger == nil {
 		p.Logger = slog.Default()
 	}
+	if p.FailureLevel == nil {
+		p.FailureLevel = slog.LevelWarn
+	}
+	if p.FailureLogLimit == 0 {
+		p.FailureLogLimit = 10
+	}
 	return nil
 }
 
-// DefaultRetryDelay is 1s after the first attempt, doubling up to 10 minutes.
-func DefaultRetryDelay(attempt int) time.Duration {
+// DefaultRetryDelay is 1s after the first attempt, doubling up to 10
+// minutes, whatever the error.
+func DefaultRetryDelay(attempt int, _ error) time.Duration {
 	if attempt < 1 {
 		attempt = 1
 	}
@@ -94,6 +110,7 @@ type Stats struct {
 	Retried        int64 // rows returned for another attempt
 	Dead           int64 // rows moved to the dead state
 	Released       int64 // rows given back at stop
+	Snoozed        int64 // rows a handler snoozed (Snooze)
 	LeaseLost      int64 // completions that found the hold lost
 	ClaimErrors    int64 // failed claims
 	CompleteErrors int64 // completions that failed otherwise
@@ -107,6 +124,7 @@ type Subscription struct {
 	h     Handler
 	p     SubscribeParams
 	log   *slog.Logger
+	fails *failureLog
 
 	stopClaims context.CancelFunc // ends the claim loop
 	claimCtx   context.Context
@@ -135,8 +153,8 @@ type Subscription struct {
 	stopOnce   sync.Once
 	stopErr    error
 
-	claimed, succeeded, retried, dead, released, lost atomic.Int64
-	claimErrs, completeErrs, panics                   atomic.Int64
+	claimed, succeeded, retried, dead, released, snoozed, lost atomic.Int64
+	claimErrs, completeErrs, panics                            atomic.Int64
 }
 
 // subscribe starts form and runs h for every row it claims from table t
@@ -153,7 +171,8 @@ func subscribe(ctx context.Context, form core.ClaimForm, t Table, h Handler, p S
 		return nil, err
 	}
 	s := &Subscription{form: form, table: t, h: h, p: p, log: p.Logger,
-		wake: make(chan struct{}, 1), freed: make(chan struct{}, 1), unreserved: make(chan struct{}, 1),
+		fails: newFailureLog(p.Logger, p.FailureLevel, p.FailureLogLimit, t.Name, t.Form().String()),
+		wake:  make(chan struct{}, 1), freed: make(chan struct{}, 1), unreserved: make(chan struct{}, 1),
 		done: make(chan struct{}), completeBy: sharedDeadline{d: p.CompleteTimeout}}
 	tr := form.Traits()
 	s.batching, s.claimers = tr.Batches, 1
@@ -186,7 +205,7 @@ func (s *Subscription) Done() <-chan struct{} { return s.done }
 // Stats returns the counts so far.
 func (s *Subscription) Stats() Stats {
 	return Stats{Claimed: s.claimed.Load(), Succeeded: s.succeeded.Load(), Retried: s.retried.Load(),
-		Dead: s.dead.Load(), Released: s.released.Load(), LeaseLost: s.lost.Load(),
+		Dead: s.dead.Load(), Released: s.released.Load(), Snoozed: s.snoozed.Load(), LeaseLost: s.lost.Load(),
 		ClaimErrors: s.claimErrs.Load(), CompleteErrors: s.completeErrs.Load(), Panics: s.panics.Load()}
 }
 
@@ -215,6 +234,7 @@ func (s *Subscription) Stop(ctx context.Context) error {
 		}
 		s.hardCancel()
 		s.completeBy.stop()
+		s.fails.flush()
 		if err := s.form.Close(); err != nil && s.stopErr == nil {
 			s.stopErr = err
 		}
@@ -459,7 +479,10 @@ func (s *Subscription) run(ctx *handlerCtx, c core.Claim) {
 	d := &Delivery{row: c.Row(), claim: c}
 	c.OnLost(func() { ctx.cancel(context.Canceled) })
 	err := s.call(ctx, d)
-	o := s.outcome(d, err)
+	o, note := s.outcome(d, err)
+	if o.Kind == Retry || o.Kind == Dead {
+		s.fails.failed(d, o, note)
+	}
 	cctx := s.completeBy.get()
 	if s.pending.Add(1) <= int64(s.p.Concurrency) {
 		s.queued.Add(1)
@@ -489,6 +512,8 @@ func (s *Subscription) record(d *Delivery, o Outcome, cerr error) {
 			s.dead.Add(1)
 		case Released:
 			s.released.Add(1)
+		case Snoozed:
+			s.snoozed.Add(1)
 		}
 	case errors.Is(cerr, ErrLeaseLost):
 		s.lost.Add(1)
@@ -507,26 +532,48 @@ func (s *Subscription) call(ctx context.Context, d *Delivery) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			s.panics.Add(1)
-			err = fmt.Errorf("sqlxbroker: handler panic: %v\n%s", r, debug.Stack())
+			err = &PanicError{Value: r, Stack: debug.Stack()}
 		}
 	}()
 	return s.h(ctx, d)
 }
 
-// outcome decides what the handler's result does to the row.
-func (s *Subscription) outcome(d *Delivery, err error) Outcome {
+// outcome decides what the handler's result does to the row, and says
+// why an outcome error could not have its way (a column it needs missing).
+func (s *Subscription) outcome(d *Delivery, err error) (Outcome, string) {
 	t := &s.table
-	switch {
-	case err == nil:
-		return Outcome{Kind: Succeeded}
-	case s.hardCtx.Err() != nil:
-		return Outcome{Kind: Released, Err: err}
-	case t.MaxAttempts > 0 && d.Attempt() >= t.MaxAttempts:
-		return Outcome{Kind: Dead, Err: err}
+	if err == nil {
+		return Outcome{Kind: Succeeded}, ""
+	}
+	if s.hardCtx.Err() != nil {
+		return Outcome{Kind: Released, Err: err}, ""
+	}
+	var note string
+	if delay, ok := asSnooze(err); ok {
+		if t.ReadyAt != "" {
+			return Outcome{Kind: Snoozed, RetryAt: core.Now().Add(delay), Err: err}, ""
+		}
+		note = "Snooze needs a ReadyAt column: retried as a failure"
+	}
+	if asPermanent(err) {
+		if t.DeadAt != "" {
+			return Outcome{Kind: Dead, Err: err}, ""
+		}
+		note = "Permanent needs a DeadAt column: retried as a failure"
+	}
+	if t.MaxAttempts > 0 && d.Attempt() >= t.MaxAttempts {
+		return Outcome{Kind: Dead, Err: err}, note
 	}
 	o := Outcome{Kind: Retry, Err: err}
-	if t.ReadyAt != "" {
-		o.RetryAt = core.Now().Add(s.p.RetryDelay(d.Attempt()))
+	delay, after := asRetryAfter(err)
+	switch {
+	case t.ReadyAt == "" && after:
+		note = "RetryAfter needs a ReadyAt column: retried at once"
+	case t.ReadyAt == "":
+	case after:
+		o.RetryAt = core.Now().Add(delay)
+	default:
+		o.RetryAt = core.Now().Add(s.p.RetryDelay(d.Attempt(), err))
 	}
-	return o
+	return o, note
 }

@@ -65,6 +65,13 @@ type Table struct {
 	// the row done instead of deleting it.
 	DoneAt string
 
+	// LastError names an optional text column that keeps why the row's
+	// last delivery failed: written when a delivery is retried or goes
+	// dead (the error's text, cut to LastErrorLimit bytes), left as it is
+	// by success and snoozes. Give it room for LastErrorLimit bytes (text,
+	// or VARCHAR(2000) and more).
+	LastError string
+
 	// Isolation is the isolation level of claim transactions; the zero
 	// value lets the dialect choose (READ COMMITTED on MySQL and MariaDB).
 	Isolation sql.IsolationLevel
@@ -128,6 +135,7 @@ func (t *Table) Validate() error {
 	for _, c := range []struct{ field, name string }{
 		{"ID", t.ID}, {"Attempt", t.Attempt}, {"Order", t.Order}, {"LockedUntil", t.LockedUntil},
 		{"Group", t.Group}, {"ReadyAt", t.ReadyAt}, {"DeadAt", t.DeadAt}, {"DoneAt", t.DoneAt},
+		{"LastError", t.LastError},
 	} {
 		if c.name == "" {
 			continue
@@ -172,7 +180,7 @@ func (t *Table) Columns() [][2]string {
 	out := [][2]string{{"ID", t.IDColumn()}, {"Attempt", t.AttemptColumn()}, {"Order", t.OrderColumn()}}
 	for _, c := range []struct{ field, name string }{
 		{"LockedUntil", t.LockedUntil}, {"Group", t.Group}, {"ReadyAt", t.ReadyAt},
-		{"DeadAt", t.DeadAt}, {"DoneAt", t.DoneAt},
+		{"DeadAt", t.DeadAt}, {"DoneAt", t.DoneAt}, {"LastError", t.LastError},
 	} {
 		if c.name != "" {
 			out = append(out, [2]string{c.field, c.name})
@@ -199,7 +207,7 @@ func NewPlan(d core.Dialect, t Table) (*core.Plan, error) {
 	p := core.NewPlan(d, core.Plan{Form: t.Form(), Key: key, Table: t.Name,
 		ID: t.IDColumn(), Attempt: t.AttemptColumn(), Order: t.OrderColumn(),
 		LockedUntil: t.LockedUntil, Group: t.Group, ReadyAt: t.ReadyAt, DeadAt: t.DeadAt, DoneAt: t.DoneAt,
-		Lease: t.LeaseDuration(), Isolation: t.Isolation})
+		LastError: t.LastError, Lease: t.LeaseDuration(), Isolation: t.Isolation})
 	if f := t.Form(); !p.Caps.Offers(f) {
 		return nil, &FormError{Dialect: d.Name(), Form: f, Reason: formMissing[f]}
 	}

@@ -146,6 +146,10 @@ func Scenarios() []Scenario {
 			return set != ""
 		}, LockWaitLimit},
 		{"Outcomes", all, Outcomes},
+		{"DeadNow", all, DeadNow},
+		{"RetryAfterDelay", all, RetryAfterDelay},
+		{"Snoozes", all, Snoozes},
+		{"PanicLogged", all, PanicLogged},
 		{"PublishFields", all, PublishFields},
 		{"PoolLifecycle", all, PoolLifecycle},
 		{"SessionLoss", all, SessionLoss},

@@ -19,7 +19,7 @@ import (
 // quick is the suite's subscription tuning: fast polls, immediate retries,
 // and no log noise (lease losses a scenario provokes are counted in Stats).
 var quick = sqlxbroker.SubscribeParams{MinPollInterval: 2 * time.Millisecond, PollInterval: 50 * time.Millisecond,
-	RetryDelay: func(int) time.Duration { return 0 }, Logger: suiteLogger()}
+	RetryDelay: func(int, error) time.Duration { return 0 }, Logger: suiteLogger()}
 
 // suiteLogger discards the engine's log unless SQLXBROKER_CONFORMANCE_LOG=1.
 func suiteLogger() *slog.Logger {

@@ -2,7 +2,9 @@ package core
 
 import (
 	"context"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jmoiron/sqlx"
 )
@@ -10,7 +12,20 @@ import (
 // OutcomeKind says what a completion does to a row: Succeeded deletes it
 // (or sets DoneAt), Retry returns it for another attempt (ReadyAt set to
 // RetryAt), Dead keeps it with DeadAt set, Released gives it back untouched
-// apart from what the form already counted.
+// apart from what the form already counted, Snoozed returns it at RetryAt
+// with the attempt uncounted.
+//
+// The attempt column holds what the next delivery reports. Retry and Dead
+// leave it one above the delivery's attempt: the row-lock form adds the
+// count in their statement, the lease and advisory forms counted it at
+// claim. Snoozed leaves it at the delivery's attempt: the row-lock form
+// adds nothing, the lease and advisory forms take back the count of their
+// claim (never below 1). Released: the row-lock form rolls back (nothing
+// counted), the others keep their claim's count.
+//
+// Retry, Dead and Snoozed write LastError where the table has the column:
+// Retry and Dead the error's text (cut to LastErrorLimit bytes), Snoozed
+// leaves it as it was.
 type OutcomeKind int
 
 // The outcomes.
@@ -19,7 +34,30 @@ const (
 	Retry
 	Dead
 	Released
+	Snoozed
 )
+
+// LastErrorLimit is the most bytes of an error's text written to the last
+// error column; a longer text is cut at a character boundary and ends in
+// "...".
+const LastErrorLimit = 2000
+
+// ErrorText is err's text as the last error column stores it: at most
+// LastErrorLimit bytes of valid UTF-8.
+func ErrorText(err error) string {
+	if err == nil {
+		return ""
+	}
+	s := strings.ReplaceAll(strings.ToValidUTF8(err.Error(), "\uFFFD"), "\x00", "")
+	if len(s) <= LastErrorLimit {
+		return s
+	}
+	cut := LastErrorLimit - len("...")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
+}
 
 func (k OutcomeKind) String() string {
 	switch k {
@@ -31,12 +69,14 @@ func (k OutcomeKind) String() string {
 		return "dead"
 	case Released:
 		return "released"
+	case Snoozed:
+		return "snoozed"
 	}
 	return "unknown"
 }
 
 // Outcome is what the engine asks a form to record: Kind, RetryAt (Retry
-// only; zero: at once) and the handler's error.
+// and Snoozed; zero: at once) and the handler's error.
 type Outcome struct {
 	Kind    OutcomeKind
 	RetryAt time.Time

@@ -29,6 +29,10 @@ type Plan struct {
 	QLockedUntil, QGroup, QReadyAt, QDeadAt, QDoneAt string             // quoted; "" for none
 	QKeyCols                                         []string           // the key template's columns, quoted
 
+	// LastError names the column that keeps a failed delivery's error
+	// (OutcomeKind); "" for none. QLastError is it quoted.
+	LastError, QLastError string
+
 	// Alias is the alias claim statements give the table ("c").
 	Alias string
 }
@@ -49,6 +53,7 @@ func NewPlan(d Dialect, p Plan) *Plan {
 	}
 	p.QID, p.QAttempt, p.QOrder = q(p.ID), q(p.Attempt), q(p.Order)
 	p.QLockedUntil, p.QGroup, p.QReadyAt, p.QDeadAt, p.QDoneAt = q(p.LockedUntil), q(p.Group), q(p.ReadyAt), q(p.DeadAt), q(p.DoneAt)
+	p.QLastError = q(p.LastError)
 	p.QKeyCols = nil
 	if p.Key != nil {
 		for _, c := range p.Key.Columns() {
@@ -143,6 +148,13 @@ func (p *Plan) danglingAfter(now time.Time) time.Time {
 func (p *Plan) NextAttempt(alias string) string {
 	a := col(alias, p.QAttempt)
 	return "CASE WHEN " + a + " IS NULL OR " + a + " < 1 THEN 2 ELSE " + a + " + 1 END"
+}
+
+// PrevAttempt is the attempt over alias with the claim's count taken back
+// (never below 1): a snoozed delivery of the forms that count at claim.
+func (p *Plan) PrevAttempt(alias string) string {
+	a := col(alias, p.QAttempt)
+	return "CASE WHEN " + a + " > 1 THEN " + a + " - 1 ELSE 1 END"
 }
 
 // Head is the condition over alias that no unfinished row of the row's

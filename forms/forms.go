@@ -188,14 +188,25 @@ type noTx struct{}
 func (noTx) Tx() (*sqlx.Tx, error) { return nil, core.ErrNoTx }
 
 // completion builds the statement that records o for one row, matched by
-// "<id> = ?" plus fence (a further condition with its own args, e.g. the
-// lease token). countAttempt adds 1 to the attempt (row-lock form);
-// clearLease sets the lease column to NULL. It returns "" when o needs no
-// statement.
-func (b *base) completion(o core.Outcome, countAttempt, clearLease bool, fence string, fenceArgs ...any) (string, []any) {
+// "<id> = ?" plus fence (a further condition whose args the caller adds
+// after the id, e.g. the lease token). countAttempt is true in the form that counts attempts at
+// completion (row lock): Retry and Dead add 1 to the attempt; false in the
+// forms that counted at claim: Snoozed takes that count back (see
+// core.OutcomeKind). clearLease sets the lease column to NULL. It returns
+// "" when o needs no statement.
+func (b *base) completion(o core.Outcome, countAttempt, clearLease bool, fence string) (string, []any) {
 	p := b.plan
 	var set []string
 	var args []any
+	failed := func() {
+		if countAttempt {
+			set = append(set, p.QAttempt+" = "+p.NextAttempt(""))
+		}
+		if p.QLastError != "" {
+			set = append(set, p.QLastError+" = ?")
+			args = append(args, core.ErrorText(o.Err))
+		}
+	}
 	switch o.Kind {
 	case core.Succeeded:
 		if p.QDoneAt == "" {
@@ -205,19 +216,23 @@ func (b *base) completion(o core.Outcome, countAttempt, clearLease bool, fence s
 		set = append(set, p.QDoneAt+" = ?")
 		args = append(args, p.Time(core.Now()))
 	case core.Retry:
-		if countAttempt {
-			set = append(set, p.QAttempt+" = "+p.NextAttempt(""))
-		}
+		failed()
 		if p.QReadyAt != "" && !o.RetryAt.IsZero() {
 			set = append(set, p.QReadyAt+" = ?")
 			args = append(args, p.Time(o.RetryAt))
 		}
 	case core.Dead:
-		if countAttempt {
-			set = append(set, p.QAttempt+" = "+p.NextAttempt(""))
-		}
+		failed()
 		set = append(set, p.QDeadAt+" = ?")
 		args = append(args, p.Time(core.Now()))
+	case core.Snoozed:
+		if !countAttempt {
+			set = append(set, p.QAttempt+" = "+p.PrevAttempt(""))
+		}
+		if p.QReadyAt != "" && !o.RetryAt.IsZero() {
+			set = append(set, p.QReadyAt+" = ?")
+			args = append(args, p.Time(o.RetryAt))
+		}
 	case core.Released:
 	}
 	if clearLease {

@@ -130,7 +130,7 @@ func demo(args []string) error {
 		}
 		s, err := b.Subscribe(ctx, tb.t, h, sqlxbroker.SubscribeParams{
 			Concurrency: 32, MinPollInterval: 2 * time.Millisecond, PollInterval: 100 * time.Millisecond,
-			RetryDelay: func(int) time.Duration { return 50 * time.Millisecond }, Logger: log,
+			RetryDelay: func(int, error) time.Duration { return 50 * time.Millisecond }, Logger: log,
 		})
 		if err != nil {
 			return err

@@ -208,7 +208,7 @@ func (w *soakWorkerState) subscribe(f soakVariant, stop <-chan struct{}) {
 		Concurrency:     w.cfg.Concurrency,
 		PollInterval:    w.pollInterval(),
 		MinPollInterval: 10 * time.Millisecond,
-		RetryDelay:      func(attempt int) time.Duration { return time.Duration(attempt) * 100 * time.Millisecond },
+		RetryDelay:      func(attempt int, _ error) time.Duration { return time.Duration(attempt) * 100 * time.Millisecond },
 		OnOutcome:       w.onOutcome(f),
 		Logger:          w.log.With("form", f.String()),
 	}

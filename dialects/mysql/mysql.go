@@ -499,6 +499,9 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	for _, c := range pl.TimeColumns() {
 		add(c, "DATETIME(6) NULL")
 	}
+	if pl.LastError != "" {
+		add(pl.LastError, "TEXT NULL")
+	}
 	if !strings.EqualFold(pl.Order, pl.ID) {
 		add(pl.Order, "BIGINT")
 	}

@@ -473,7 +473,7 @@ func TestLeaseDSN(t *testing.T) {
 				return nil
 			}
 			s := subscribe(t, b, tbl, h, sqlxbroker.SubscribeParams{PollInterval: 20 * time.Millisecond,
-				RetryDelay: func(int) time.Duration { return 300 * time.Millisecond },
+				RetryDelay: func(int, error) time.Duration { return 300 * time.Millisecond },
 				OnOutcome: func(d *sqlxbroker.Delivery, o sqlxbroker.Outcome, err error) {
 					if err != nil {
 						t.Errorf("row %v: %v: %v", d.ID(), o.Kind, err)

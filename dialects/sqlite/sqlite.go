@@ -303,6 +303,9 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	for _, c := range pl.TimeColumns() {
 		add(c, "TEXT")
 	}
+	if pl.LastError != "" {
+		add(pl.LastError, "TEXT")
+	}
 	if !strings.EqualFold(pl.Order, pl.ID) {
 		add(pl.Order, "INTEGER")
 	}

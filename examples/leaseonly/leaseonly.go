@@ -49,7 +49,7 @@ func (Dialect) FenceLeases(p *core.Plan, ids, tokens []any) (string, []any) {
 // CreateTable lets the suite make its tables.
 func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	cols := []string{`"id" INTEGER PRIMARY KEY`, `"attempt" INTEGER NOT NULL DEFAULT 1`}
-	for _, c := range []string{p.Plan.LockedUntil, p.Plan.ReadyAt, p.Plan.DeadAt, p.Plan.DoneAt, p.Plan.Group} {
+	for _, c := range []string{p.Plan.LockedUntil, p.Plan.ReadyAt, p.Plan.DeadAt, p.Plan.DoneAt, p.Plan.Group, p.Plan.LastError} {
 		if c != "" {
 			cols = append(cols, d.QuoteIdent(c)+" TEXT")
 		}
