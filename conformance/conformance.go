@@ -150,6 +150,8 @@ func Scenarios() []Scenario {
 		{"RetryAfterDelay", all, RetryAfterDelay},
 		{"Snoozes", all, Snoozes},
 		{"PanicLogged", all, PanicLogged},
+		{"Operations", all, Operations},
+		{"OperationsAtScale", only(sqlxbroker.Lease), OperationsAtScale},
 		{"PublishFields", all, PublishFields},
 		{"PoolLifecycle", all, PoolLifecycle},
 		{"SessionLoss", all, SessionLoss},
