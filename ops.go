@@ -131,7 +131,7 @@ func (b *Broker) opsPlan(ctx context.Context, t Table) (*core.Plan, error) {
 // Counts is how many rows of a table are in each state (see State), at
 // the host time At.
 type Counts struct {
-	At                                  time.Time
+	At                                   time.Time
 	Ready, Scheduled, InWork, Dead, Done int64
 	// InWorkKnown: the form can tell rows in work (lease). In the row-lock
 	// and advisory forms InWork is 0 and rows in work count as Ready.
