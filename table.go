@@ -30,7 +30,11 @@ type Table struct {
 	ID      string // primary key column; default "id"
 	Attempt string // attempt column (integer, new rows hold 1); default "attempt"
 
-	// Order is the column claims order by (and FIFO groups keep); default ID.
+	// Order is the claim order (which FIFO groups keep too): a column, or
+	// a comma-separated list of columns each optionally followed by ASC or
+	// DESC, e.g. "priority DESC, id"; default ID. An order of more than
+	// one plain column that does not name ID ends with it (ascending), so
+	// no two rows tie. Order columns must be NOT NULL.
 	Order string
 
 	// LockedUntil names the lease column (a timestamp written with the
@@ -111,8 +115,27 @@ func (t *Table) IDColumn() string { return t.col(t.ID, "id") }
 // AttemptColumn returns the attempt column.
 func (t *Table) AttemptColumn() string { return t.col(t.Attempt, "attempt") }
 
-// OrderColumn returns the claim order column.
-func (t *Table) OrderColumn() string { return t.col(t.Order, t.IDColumn()) }
+// OrderColumn returns the claim order's first column.
+func (t *Table) OrderColumn() string {
+	if k, err := core.ParseOrder(t.Order, t.IDColumn()); err == nil {
+		return k[0].Column
+	}
+	return t.col(t.Order, t.IDColumn())
+}
+
+// orderColumns returns the claim order's columns (the ID appended where
+// the order ends with it).
+func (t *Table) orderColumns() []string {
+	k, err := core.ParseOrder(t.Order, t.IDColumn())
+	if err != nil {
+		return []string{t.col(t.Order, t.IDColumn())}
+	}
+	out := make([]string, len(k))
+	for i := range k {
+		out[i] = k[i].Column
+	}
+	return out
+}
 
 // Validate checks the description on its own, without a database. Every
 // failure is a *TableError naming the field.
@@ -133,7 +156,7 @@ func (t *Table) Validate() error {
 		}
 	}
 	for _, c := range []struct{ field, name string }{
-		{"ID", t.ID}, {"Attempt", t.Attempt}, {"Order", t.Order}, {"LockedUntil", t.LockedUntil},
+		{"ID", t.ID}, {"Attempt", t.Attempt}, {"LockedUntil", t.LockedUntil},
 		{"Group", t.Group}, {"ReadyAt", t.ReadyAt}, {"DeadAt", t.DeadAt}, {"DoneAt", t.DoneAt},
 		{"LastError", t.LastError},
 	} {
@@ -143,6 +166,9 @@ func (t *Table) Validate() error {
 		if err := core.CheckIdent(c.name); err != nil {
 			return bad(c.field, "%v", err)
 		}
+	}
+	if _, err := core.ParseOrder(t.Order, t.IDColumn()); err != nil {
+		return bad("Order", "%v", err)
 	}
 	if t.LockedUntil != "" && t.AdvisoryLock != "" {
 		return bad("AdvisoryLock", "a table takes one claim form: LockedUntil (lease) and AdvisoryLock both given")
@@ -177,7 +203,10 @@ func (t *Table) Validate() error {
 // Columns returns every column the description names, defaults applied, in
 // a stable order, with the field each comes from.
 func (t *Table) Columns() [][2]string {
-	out := [][2]string{{"ID", t.IDColumn()}, {"Attempt", t.AttemptColumn()}, {"Order", t.OrderColumn()}}
+	out := [][2]string{{"ID", t.IDColumn()}, {"Attempt", t.AttemptColumn()}}
+	for _, c := range t.orderColumns() {
+		out = append(out, [2]string{"Order", c})
+	}
 	for _, c := range []struct{ field, name string }{
 		{"LockedUntil", t.LockedUntil}, {"Group", t.Group}, {"ReadyAt", t.ReadyAt},
 		{"DeadAt", t.DeadAt}, {"DoneAt", t.DoneAt}, {"LastError", t.LastError},
@@ -204,8 +233,9 @@ func NewPlan(d core.Dialect, t Table) (*core.Plan, error) {
 	if t.AdvisoryLock != "" {
 		key, _ = core.ParseKeyTemplate(t.AdvisoryLock) // Validate parsed it
 	}
+	order, _ := core.ParseOrder(t.Order, t.IDColumn()) // Validate parsed it
 	p := core.NewPlan(d, core.Plan{Form: t.Form(), Key: key, Table: t.Name,
-		ID: t.IDColumn(), Attempt: t.AttemptColumn(), Order: t.OrderColumn(),
+		ID: t.IDColumn(), Attempt: t.AttemptColumn(), OrderKeys: order,
 		LockedUntil: t.LockedUntil, Group: t.Group, ReadyAt: t.ReadyAt, DeadAt: t.DeadAt, DoneAt: t.DoneAt,
 		LastError: t.LastError, Lease: t.LeaseDuration(), Isolation: t.Isolation})
 	if f := t.Form(); !p.Caps.Offers(f) {

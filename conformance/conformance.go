@@ -135,6 +135,7 @@ func Scenarios() []Scenario {
 		{"LeaseLoss", only(sqlxbroker.Lease), LeaseLoss},
 		{"Renewal", only(sqlxbroker.Lease), Renewal},
 		{"FIFO", fifo, FIFO},
+		{"PriorityOrder", all, PriorityOrder},
 		{"FIFORefused", func(d core.Dialect, f sqlxbroker.Form) bool { return !fifo(d, f) }, FIFORefused},
 		{"AdvisoryKeys", only(sqlxbroker.Advisory), AdvisoryKeys},
 		{"AdvisoryBatch", only(sqlxbroker.Advisory), AdvisoryBatch},

@@ -26,3 +26,27 @@ func TestErrorText(t *testing.T) {
 		}
 	}
 }
+
+func TestParseOrder(t *testing.T) {
+	for _, c := range []struct {
+		in, want string // want: keys as "col[-]" joined by ","; "" for an error
+	}{
+		{"", "id"}, {"seq", "seq"}, {"id", "id"}, {"id DESC", "id-"},
+		{"prio DESC", "prio-,id"}, {"prio DESC, id", "prio-,id"}, {"prio desc,id asc", "prio-,id"},
+		{"a, b DESC", "a,b-,id"}, {"a, id DESC, b", "a,id-,b"},
+		{" jobs", ""}, {"jobs\n", ""}, {"a,,b", ""}, {"a  DESC", ""}, {"a DOWN", ""}, {"a, a", ""}, {"a b c", ""}, {"a;b", ""},
+	} {
+		keys, err := ParseOrder(c.in, "id")
+		var got []string
+		for _, k := range keys {
+			s := k.Column
+			if k.Desc {
+				s += "-"
+			}
+			got = append(got, s)
+		}
+		if (err == nil) != (c.want != "") || strings.Join(got, ",") != c.want {
+			t.Errorf("ParseOrder(%q) = %v, %v; want %q", c.in, got, err, c.want)
+		}
+	}
+}

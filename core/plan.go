@@ -21,13 +21,17 @@ type Plan struct {
 	// names follow, defaults applied: ID, Attempt and Order are never
 	// empty; the others are "" when the description names none.
 	Table                                            string
-	ID, Attempt, Order                               string
+	ID, Attempt, Order                               string // Order: the first order key's column
 	LockedUntil, Group, ReadyAt, DeadAt, DoneAt      string
 	Lease                                            time.Duration      // the lease form's lease
 	Isolation                                        sql.IsolationLevel // of claim transactions; LevelDefault: the dialect's
 	QTable, QID, QAttempt, QOrder                    string             // quoted
 	QLockedUntil, QGroup, QReadyAt, QDeadAt, QDoneAt string             // quoted; "" for none
 	QKeyCols                                         []string           // the key template's columns, quoted
+
+	// OrderKeys is the claim order (ParseOrder), at least one key; a
+	// plan made with none orders by Order alone, ascending.
+	OrderKeys []OrderKey
 
 	// LastError names the column that keeps a failed delivery's error
 	// (OutcomeKind); "" for none. QLastError is it quoted.
@@ -51,6 +55,14 @@ func NewPlan(d Dialect, p Plan) *Plan {
 		}
 		return d.QuoteIdent(s)
 	}
+	if len(p.OrderKeys) == 0 {
+		p.OrderKeys = []OrderKey{{Column: p.Order}}
+	}
+	p.OrderKeys = append([]OrderKey(nil), p.OrderKeys...)
+	for i := range p.OrderKeys {
+		p.OrderKeys[i].Q = q(p.OrderKeys[i].Column)
+	}
+	p.Order = p.OrderKeys[0].Column
 	p.QID, p.QAttempt, p.QOrder = q(p.ID), q(p.Attempt), q(p.Order)
 	p.QLockedUntil, p.QGroup, p.QReadyAt, p.QDeadAt, p.QDoneAt = q(p.LockedUntil), q(p.Group), q(p.ReadyAt), q(p.DeadAt), q(p.DoneAt)
 	p.QLastError = q(p.LastError)
@@ -161,11 +173,8 @@ func (p *Plan) PrevAttempt(alias string) string {
 // FIFO group comes before it.
 func (p *Plan) Head(alias string) string {
 	return "NOT EXISTS (SELECT 1 FROM " + p.QTable + " h WHERE h." + p.QGroup + " = " + col(alias, p.QGroup) +
-		" AND h." + p.QOrder + " < " + col(alias, p.QOrder) + " AND " + p.Unfinished("h") + ")"
+		" AND " + p.before("h", alias) + " AND " + p.Unfinished("h") + ")"
 }
-
-// OrderBy is the ORDER BY list of claims over alias.
-func (p *Plan) OrderBy(alias string) string { return col(alias, p.QOrder) }
 
 // FencePairs is the portable Leaser.FenceLeases: the ids first, so the
 // server finds the rows by key (pairs alone made MariaDB scan and lock the

@@ -78,7 +78,10 @@ const pages = 8
 func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	p := f.plan
 	where, args := p.Ready(p.Alias, core.Now())
-	cols := p.Alias + "." + p.QID + ", " + p.Alias + "." + p.QOrder
+	cols := p.Alias + "." + p.QID
+	for _, k := range p.OrderKeys {
+		cols += ", " + p.Alias + "." + k.Q
+	}
 	for _, k := range p.QKeyCols {
 		cols += ", " + p.Alias + "." + k
 	}
@@ -90,11 +93,12 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	page := fmt.Sprintf("SELECT %s FROM %s %s WHERE %s%%s ORDER BY %s LIMIT %d", cols, p.QTable, p.Alias, where, p.OrderBy(p.Alias), limit)
 	var out []core.Claim
 	tried := map[string]bool{}
-	var after any // the order value the next page starts after
+	var after []any // the order values the next page starts after
 	for n := 0; n < pages && len(out) < max && ctx.Err() == nil; n++ {
 		q, a := fmt.Sprintf(page, ""), args
 		if after != nil {
-			q, a = fmt.Sprintf(page, " AND "+p.Alias+"."+p.QOrder+" > ?"), append(append([]any{}, args...), after)
+			cond, ca := p.From(p.Alias, after, true)
+			q, a = fmt.Sprintf(page, " AND "+cond), append(append([]any{}, args...), ca...)
 		}
 		rs, err := f.db.QueryxContext(ctx, p.Rebind(q), a...)
 		if err != nil {
@@ -106,35 +110,44 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 		}
 		// Lock the keys of as many candidates as are wanted on the key
 		// session, a wave of them in one statement; then take their rows
-		// together.
-		var locked []*advisoryClaim
-		for i := 0; i < len(cands) && err == nil && ctx.Err() == nil; {
-			var wave []*advisoryClaim
-			for ; i < len(cands) && len(out)+len(locked)+len(wave) < max; i++ {
-				r := &cands[i]
-				key := p.Key.Render(r.get)
-				if tried[key] || !f.hold(key) {
-					continue
+		// together. A row another subscription took and finished since
+		// the page was read cannot be taken: the page's next candidates
+		// are tried before the next page, so no ready row is passed over.
+		for i := 0; i < len(cands) && len(out) < max && ctx.Err() == nil; {
+			var locked []*advisoryClaim
+			for i < len(cands) && len(out)+len(locked) < max && err == nil && ctx.Err() == nil {
+				var wave []*advisoryClaim
+				for ; i < len(cands) && len(out)+len(locked)+len(wave) < max; i++ {
+					r := &cands[i]
+					key := p.Key.Render(r.get)
+					if tried[key] || !f.hold(key) {
+						continue
+					}
+					tried[key] = true
+					wave = append(wave, &advisoryClaim{f: f, key: key, id: r.vals[0]})
 				}
-				tried[key] = true
-				wave = append(wave, &advisoryClaim{f: f, key: key, id: r.vals[0]})
+				if len(wave) == 0 {
+					break
+				}
+				var got []*advisoryClaim
+				got, err = f.tryLocks(ctx, wave)
+				locked = append(locked, got...)
 			}
-			if len(wave) == 0 {
+			taken, terr := f.takeAll(ctx, locked)
+			out = append(out, taken...)
+			if err = errors.Join(err, terr); err != nil {
+				return out, err
+			}
+			if len(locked) == 0 {
 				break
 			}
-			var got []*advisoryClaim
-			got, err = f.tryLocks(ctx, wave)
-			locked = append(locked, got...)
-		}
-		taken, terr := f.takeAll(ctx, locked)
-		out = append(out, taken...)
-		if err = errors.Join(err, terr); err != nil {
-			return out, err
 		}
 		if len(cands) < limit {
 			break
 		}
-		after = cands[len(cands)-1].vals[1]
+		if after = orderPosition(p.OrderValues(cands[len(cands)-1].get)); after == nil {
+			break // a NULL order value: no page can start after it
+		}
 	}
 	return out, nil
 }

@@ -62,7 +62,7 @@ var fullScanEvery = 100 * time.Millisecond
 // nothing. At a low claim rate every claim is a full scan.
 type cursor struct {
 	mu   sync.Mutex
-	at   any       // the order value of the last row claimed; nil: none
+	at   []any     // the order values of the last row claimed; nil: none
 	full time.Time // when the last full scan started
 }
 
@@ -80,20 +80,37 @@ func (c *cursor) from(p *core.Plan, alias string, retry bool) (string, []any) {
 		c.full = now
 		return "", nil
 	}
-	return " AND " + alias + "." + p.QOrder + " >= ?", []any{c.at}
+	cond, args := p.From(alias, c.at, false)
+	return " AND " + cond, args
 }
 
-// advance moves the cursor to the order value v of a row just claimed.
-func (c *cursor) advance(v any) {
+// advance moves the cursor to the order values v (Plan.OrderValues) of a
+// row just claimed.
+func (c *cursor) advance(v []any) {
+	v = orderPosition(v)
 	if v == nil {
 		return
-	}
-	if b, ok := v.([]byte); ok {
-		v = string(b) // the driver may reuse the buffer
 	}
 	c.mu.Lock()
 	c.at = v
 	c.mu.Unlock()
+}
+
+// orderPosition returns v with byte slices copied (the driver may reuse
+// their buffers), or nil when a value is NULL: no position.
+func orderPosition(v []any) []any {
+	out := make([]any, len(v))
+	for i, x := range v {
+		switch b := x.(type) {
+		case nil:
+			return nil
+		case []byte:
+			out[i] = string(b)
+		default:
+			out[i] = x
+		}
+	}
+	return out
 }
 
 // reset makes the next claim a full scan.

@@ -131,7 +131,7 @@ func (f *lease) claimOn(ctx context.Context, q sqlx.ExtContext, tx *sqlx.Tx, now
 		return nil, nil
 	}
 	if p.QGroup == "" && len(rows) == max {
-		f.scan.advance(rows[len(rows)-1].get(p.Order))
+		f.scan.advance(p.OrderValues(rows[len(rows)-1].get))
 	}
 	ds := make([]core.Row, len(rows))
 	for i := range rows {

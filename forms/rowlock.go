@@ -318,7 +318,7 @@ func (f *rowLock) claimIn(ctx context.Context, t *claimTx) (core.Claim, error) {
 			}
 		}
 		if len(rows) > 0 {
-			f.scan.advance(rows[0].get(p.Order))
+			f.scan.advance(p.OrderValues(rows[0].get))
 		}
 	}
 	if err != nil {

@@ -301,7 +301,7 @@ func (Dialect) ClaimLeases(ctx context.Context, on sqlx.ExtContext, p *core.Leas
 			return nil, err
 		}
 	}
-	return on.QueryxContext(ctx, fmt.Sprintf(leaseRead, pl.QTable, pl.QID, in, pl.QOrder), ids...)
+	return on.QueryxContext(ctx, fmt.Sprintf(leaseRead, pl.QTable, pl.QID, in, pl.OrderBy("")), ids...)
 }
 
 // ---- advisory ----
@@ -464,8 +464,8 @@ var (
 func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	pl := p.Plan
 	special := map[string]string{} // lower-cased name: why it is indexed
-	if !strings.EqualFold(pl.Order, pl.ID) {
-		special[strings.ToLower(pl.Order)] = "order"
+	for _, c := range pl.OrderColumns() {
+		special[strings.ToLower(c)] = "order"
 	}
 	if pl.Group != "" {
 		special[strings.ToLower(pl.Group)] = "group"
@@ -502,8 +502,8 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	if pl.LastError != "" {
 		add(pl.LastError, "TEXT NULL")
 	}
-	if !strings.EqualFold(pl.Order, pl.ID) {
-		add(pl.Order, "BIGINT")
+	for _, c := range pl.OrderColumns() {
+		add(c, "BIGINT")
 	}
 	if pl.Group != "" {
 		add(pl.Group, "VARCHAR(255) NULL")
@@ -513,11 +513,11 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 			add(c, "VARCHAR(255) NULL")
 		}
 	}
-	if !strings.EqualFold(pl.Order, pl.ID) {
-		cols = append(cols, "INDEX `sqlxbroker_order` ("+pl.QOrder+")")
+	if !pl.OrderIsID() {
+		cols = append(cols, "INDEX `sqlxbroker_order` ("+pl.OrderBy("")+")")
 	}
 	if pl.Group != "" {
-		cols = append(cols, "INDEX `sqlxbroker_fifo` ("+pl.QGroup+", "+pl.QOrder+")")
+		cols = append(cols, "INDEX `sqlxbroker_fifo` ("+pl.QGroup+", "+pl.OrderBy("")+")")
 	}
 	return []string{"CREATE TABLE IF NOT EXISTS " + pl.QTable + " (\n  " + strings.Join(cols, ",\n  ") +
 		"\n) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"}, nil

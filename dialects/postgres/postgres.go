@@ -125,7 +125,7 @@ func (d Dialect) RowLock(ctx context.Context, pool *core.Pool) (*core.RowLockSQL
 // alias c; RETURNING u.* reads every column of the updated row.
 //
 //	%[1]s table  %[2]s alias c  %[3]s where  %[4]s order by (over c)
-//	%[5]s limit  %[6]s id       %[7]s lease  %[8]s attempt  %[9]s order column
+//	%[5]s limit  %[6]s id       %[7]s lease  %[8]s attempt  %[9]s order by
 //	%[10]s the next attempt (Plan.NextAttempt over u)
 const claimLeases = `WITH claimed AS (
   UPDATE %[1]s u SET %[7]s = ?, %[8]s = %[10]s
@@ -138,7 +138,7 @@ SELECT * FROM claimed ORDER BY %[9]s`
 func (Dialect) ClaimLeases(ctx context.Context, on sqlx.ExtContext, p *core.LeaseClaimParams) (*sqlx.Rows, error) {
 	pl := p.Plan
 	q := fmt.Sprintf(claimLeases, pl.QTable, pl.Alias, p.Where, pl.OrderBy(pl.Alias), p.Limit,
-		pl.QID, pl.QLockedUntil, pl.QAttempt, pl.QOrder, pl.NextAttempt("u"))
+		pl.QID, pl.QLockedUntil, pl.QAttempt, pl.OrderBy(""), pl.NextAttempt("u"))
 	// The deadline comes first in the text, the where args after it.
 	return on.QueryxContext(ctx, pl.Rebind(q), append([]any{p.Deadline}, p.Args...)...)
 }
@@ -374,7 +374,11 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 			}
 		}
 	}
-	free := [][2]string{{pl.Order, "bigint NOT NULL"}, {pl.Group, "text"}}
+	var free [][2]string
+	for _, c := range pl.OrderColumns() {
+		free = append(free, [2]string{c, "bigint NOT NULL"})
+	}
+	free = append(free, [2]string{pl.Group, "text"})
 	if pl.Key != nil {
 		for _, c := range pl.Key.Columns() {
 			free = append(free, [2]string{c, "text"})
@@ -399,11 +403,11 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	if u := pl.Unfinished(""); u != "1=1" {
 		where = " WHERE " + u
 	}
-	if where != "" || pl.Order != pl.ID {
-		stmts = append(stmts, "CREATE INDEX IF NOT EXISTS "+d.QuoteIdent(indexName(pl.Table, "claim"))+" ON "+pl.QTable+" ("+pl.QOrder+")"+where)
+	if where != "" || !pl.OrderIsID() {
+		stmts = append(stmts, "CREATE INDEX IF NOT EXISTS "+d.QuoteIdent(indexName(pl.Table, "claim"))+" ON "+pl.QTable+" ("+pl.OrderBy("")+")"+where)
 	}
 	if pl.Group != "" {
-		stmts = append(stmts, "CREATE INDEX IF NOT EXISTS "+d.QuoteIdent(indexName(pl.Table, "fifo"))+" ON "+pl.QTable+" ("+pl.QGroup+", "+pl.QOrder+")"+where)
+		stmts = append(stmts, "CREATE INDEX IF NOT EXISTS "+d.QuoteIdent(indexName(pl.Table, "fifo"))+" ON "+pl.QTable+" ("+pl.QGroup+", "+pl.OrderBy("")+")"+where)
 	}
 	return stmts, nil
 }

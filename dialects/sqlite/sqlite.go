@@ -306,8 +306,8 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	if pl.LastError != "" {
 		add(pl.LastError, "TEXT")
 	}
-	if !strings.EqualFold(pl.Order, pl.ID) {
-		add(pl.Order, "INTEGER")
+	for _, c := range pl.OrderColumns() {
+		add(c, "INTEGER NOT NULL")
 	}
 	if pl.Group != "" {
 		add(pl.Group, "TEXT")
@@ -321,10 +321,10 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	stmts := []string{"CREATE TABLE IF NOT EXISTS " + pl.QTable + " (\n  " + strings.Join(cols, ",\n  ") + "\n)"}
 	where := pl.Unfinished("")
 	if pl.Group != "" {
-		stmts = append(stmts, "CREATE INDEX IF NOT EXISTS "+d.QuoteIdent(name+"_fifo")+" ON "+pl.QTable+" ("+pl.QGroup+", "+pl.QOrder+") WHERE "+where)
+		stmts = append(stmts, "CREATE INDEX IF NOT EXISTS "+d.QuoteIdent(name+"_fifo")+" ON "+pl.QTable+" ("+pl.QGroup+", "+pl.OrderBy("")+") WHERE "+where)
 	}
-	if !strings.EqualFold(pl.Order, pl.ID) {
-		stmts = append(stmts, "CREATE INDEX IF NOT EXISTS "+d.QuoteIdent(name+"_order")+" ON "+pl.QTable+" ("+pl.QOrder+") WHERE "+where)
+	if !pl.OrderIsID() {
+		stmts = append(stmts, "CREATE INDEX IF NOT EXISTS "+d.QuoteIdent(name+"_order")+" ON "+pl.QTable+" ("+pl.OrderBy("")+") WHERE "+where)
 	}
 	return stmts, nil
 }
