@@ -83,9 +83,15 @@ func eachBackend(t *testing.T, f func(t *testing.T, b *sqlxbroker.Broker)) {
 // test ends) with every column the dashboard shows and a body payload.
 func newTable(t *testing.T, b *sqlxbroker.Broker, form sqlxbroker.Form) sqlxbroker.Table {
 	t.Helper()
-	var rnd [5]byte
+	return newTableNamed(t, b, "dash", form)
+}
+
+// newTableNamed is newTable with a name starting prefix_.
+func newTableNamed(t *testing.T, b *sqlxbroker.Broker, prefix string, form sqlxbroker.Form) sqlxbroker.Table {
+	t.Helper()
+	var rnd [3]byte
 	_, _ = rand.Read(rnd[:])
-	tb := sqlxbroker.Table{Name: "dash_" + hex.EncodeToString(rnd[:]), ReadyAt: "ready_at", DeadAt: "dead_at",
+	tb := sqlxbroker.Table{Name: prefix + "_" + hex.EncodeToString(rnd[:]), ReadyAt: "ready_at", DeadAt: "dead_at",
 		DoneAt: "done_at", LastError: "last_error", MaxAttempts: 3}
 	switch form {
 	case sqlxbroker.Lease:
