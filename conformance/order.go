@@ -66,14 +66,14 @@ func publishPrio(t TB, tg *Target, b *sqlxbroker.Broker, tb sqlxbroker.Table, n,
 // last key) is delivered in that order by two brokers running one handler
 // each: each broker's deliveries follow the order, and a delivery that
 // started after another ended comes after it in the order (a handler runs
-// 25 ms, longer than a claim takes from its candidates to the handler's
+// 50 ms, longer than a claim takes from its candidates to the handler's
 // start, so a row claimed first has started by then). With FIFO
 // groups (where the dialect guards them) each group is delivered in the
 // same order.
 func PriorityOrder(t TB, tg *Target, f sqlxbroker.Form) {
 	b1, b2 := tg.broker(t), tg.broker(t)
 	tb := tg.freshWith(t, b1.DB(), f, func(tb *sqlxbroker.Table) { tb.Order = "prio DESC" }, orderPayload)
-	n := volume(tg, 120, 40)
+	n := volume(tg, 60, 30)
 	pos := publishPrio(t, tg, b1, tb, n, 0)
 
 	type event struct {
@@ -97,7 +97,7 @@ func PriorityOrder(t TB, tg *Target, f sqlxbroker.Form) {
 			e := &event{broker: broker, pos: p, start: seq}
 			events = append(events, e)
 			mu.Unlock()
-			time.Sleep(25 * time.Millisecond) // longer than a claim takes: see above
+			time.Sleep(50 * time.Millisecond) // longer than a claim takes: see above
 			mu.Lock()
 			seq++
 			e.end = seq
