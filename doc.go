@@ -18,6 +18,11 @@
 // A table with a Group column is FIFO: each group is delivered in order,
 // one row at a time, across brokers.
 //
+// Claims take rows in Table.Order: the ID by default, or columns each with
+// its direction, such as "priority DESC, id" (the ID is appended when an
+// order of several keys does not end with it, so no two rows tie). The
+// order holds across brokers and within FIFO groups.
+//
 // # Outcomes
 //
 // A handler that returns nil completes its row: deleted, or marked done
