@@ -185,9 +185,11 @@ type InsertSQL struct {
 // skip, without an error and without changing the row already there, each
 // row whose p.Column value equals that of a row in the table or of an
 // earlier row of the same statement. The column must have a unique
-// constraint or unique index of its own; a dialect that can tell it has
-// none fails (the database's own error at insert time is as good, as
-// ON CONFLICT gives), never inserting the duplicate. The statement's
+// constraint or unique index of its own; on a column without one the call
+// must fail and insert nothing (the database's own error at insert time,
+// as ON CONFLICT (col) gives, is enough), never insert duplicates as
+// INSERT IGNORE would. Other errors (NOT NULL, a value too long) must stay
+// errors. The statement's
 // RowsAffected must be exactly the number of rows inserted (a skipped row
 // counts 0): Publish reports their sum over its statements. SkipDuplicates
 // is called once per publishing call and may read the database through
