@@ -23,6 +23,27 @@
 // order of several keys does not end with it, so no two rows tie). The
 // order holds across brokers and within FIFO groups.
 //
+// # Publishing
+//
+// Publish inserts messages (structs with `db` tags, or maps) in the
+// caller's transaction or on the pool. In a table with a ReadyAt column a
+// row that gives no ReadyAt gets the publish time, so Counts.OldestReady
+// says how long the oldest ready row has waited. PublishWith takes
+// PublishParams and reports how many rows it inserted:
+//
+//   - Delay or ReadyAt (one of them): the rows become ready then, written
+//     to the ReadyAt column in the dialect's encoding and compared with
+//     the host clock as every claim is; they win over a ReadyAt value the
+//     message carries. Both need Table.ReadyAt (else a *TableError).
+//   - SkipDuplicates: a column with a unique index; a row whose value is
+//     in the table already, or earlier in the call, is skipped, not an
+//     error, and not counted. PostgreSQL and SQLite write INSERT ..
+//     ON CONFLICT (col) DO NOTHING, MySQL and MariaDB INSERT ..
+//     ON DUPLICATE KEY UPDATE col = col (any unique key counts there; a
+//     DSN with clientFoundRows=true is refused, as it would count skipped
+//     rows). A dialect without core.DuplicateSkipper refuses it with
+//     ErrUnsupported.
+//
 // # Outcomes
 //
 // A handler that returns nil completes its row: deleted, or marked done

@@ -43,6 +43,12 @@ var (
 
 	// ErrClosed: the broker is closed (Broker.Close).
 	ErrClosed = core.ErrClosed
+
+	// ErrUnsupported: the call needs an optional capability the dialect
+	// lacks (PublishParams.SkipDuplicates without core.DuplicateSkipper);
+	// the message names the dialect and the capability. Nothing was
+	// written.
+	ErrUnsupported = core.ErrUnsupported
 )
 
 // TableError names the table and the field of the description at fault.

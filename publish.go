@@ -38,32 +38,101 @@ type Execer interface {
 //
 // The ID column is left out when its field is zero, so the database
 // assigns it; the attempt column is set to 1 when the message does not
-// give it. All messages of one call must have the same columns.
+// give it. When t names a ReadyAt column, a message that gives it no value
+// (no such field or key, nil, a zero time.Time, a NULL driver.Valuer such
+// as an invalid sql.NullTime) gets the publish time, so the row is ready
+// at once and Counts.OldestReady tells how long the oldest ready row has
+// waited. All messages of one call must have the same columns.
+//
+// Publish is PublishWith with zero PublishParams.
 func (b *Broker) Publish(ctx context.Context, q Execer, t Table, msgs ...any) error {
+	_, err := b.PublishWith(ctx, q, t, PublishParams{}, msgs...)
+	return err
+}
+
+// PublishParams says when published rows become ready and which rows to
+// skip. The zero value is Publish.
+type PublishParams struct {
+	// Delay makes the rows ready Delay after the host's clock at the call:
+	// ReadyAt = now + Delay, in the dialect's encoding, compared with the
+	// host clock as every claim does. It needs Table.ReadyAt. Setting both
+	// Delay and ReadyAt is an error; a negative Delay is an error.
+	Delay time.Duration
+	// ReadyAt makes the rows ready at this host time (a time in the past
+	// is ready at once). It needs Table.ReadyAt.
+	//
+	// Delay and ReadyAt win over a message's own ReadyAt value: with
+	// either set, every row of the call gets it, whatever its message
+	// carries in the ReadyAt column.
+	ReadyAt time.Time
+	// SkipDuplicates names a column with a unique constraint (or a unique
+	// index of its own) that the messages insert: a row whose value is
+	// already in the table, or in an earlier row of the same call, is
+	// skipped, not an error, and the row already there is left as it is.
+	// The dialect does it (core.DuplicateSkipper); a dialect without the
+	// capability refuses the call with ErrUnsupported. The count
+	// PublishWith returns is then the rows inserted. On MySQL and MariaDB
+	// any unique key of the table, the primary key included, makes a row
+	// a duplicate (ON DUPLICATE KEY): give the column the only unique key
+	// apart from a database-assigned ID.
+	SkipDuplicates string
+}
+
+// PublishWith is Publish with params: it inserts msgs as Publish does,
+// ready at p.ReadyAt or after p.Delay, skipping duplicates of the column
+// p.SkipDuplicates, and returns how many rows it inserted (len(msgs)
+// without SkipDuplicates; on an error, a count is of no use: in the
+// caller's transaction roll back, else some statements may have
+// committed). The wake-up of subscribers runs as Publish's does, after the
+// rows, in q.
+//
+// Errors before any statement: Delay and ReadyAt both set, or a negative
+// Delay; Delay or ReadyAt on a table without a ReadyAt column, or a
+// SkipDuplicates column that is not a valid name or not a column the
+// messages insert (a *TableError naming the field); SkipDuplicates on a
+// dialect without core.DuplicateSkipper (ErrUnsupported).
+func (b *Broker) PublishWith(ctx context.Context, q Execer, t Table, p PublishParams, msgs ...any) (int64, error) {
 	if len(msgs) == 0 {
-		return nil
+		return 0, nil
 	}
-	p, err := b.Plan(t)
+	pl, err := b.Plan(t)
 	if err != nil {
-		return err
+		return 0, err
+	}
+	now := core.Now()
+	readyAt, override, err := p.readyAt(&t, now)
+	if err != nil {
+		return 0, err
 	}
 	cols, rows, err := columnsOf(&t, msgs)
 	if err != nil {
-		return err
+		return 0, err
+	}
+	if t.ReadyAt != "" {
+		if cols, err = setReadyAt(&t, cols, rows, pl.Time(readyAt), override); err != nil {
+			return 0, err
+		}
+	}
+	insert, suffix := "INSERT INTO", ""
+	if p.SkipDuplicates != "" {
+		if insert, suffix, err = b.skipDuplicates(ctx, &t, pl, cols, p.SkipDuplicates); err != nil {
+			return 0, err
+		}
 	}
 	qcols := make([]string, len(cols))
 	for i, c := range cols {
 		qcols[i] = b.dialect.QuoteIdent(c)
 	}
-	limit := p.Dialect.Features().MaxParams
+	limit := pl.Dialect.Features().MaxParams
 	if limit <= 0 {
 		limit = maxParams
 	}
 	per := max(1, limit/len(cols))
+	var inserted int64
 	for start := 0; start < len(rows); start += per {
 		chunk := rows[start:min(start+per, len(rows))]
 		var sb strings.Builder
-		sb.WriteString("INSERT INTO " + p.QTable + " (" + strings.Join(qcols, ", ") + ") VALUES ")
+		sb.WriteString(insert + " " + pl.QTable + " (" + strings.Join(qcols, ", ") + ") VALUES ")
 		tuple := "(?" + strings.Repeat(", ?", len(cols)-1) + ")"
 		args := make([]any, 0, len(chunk)*len(cols))
 		for i, r := range chunk {
@@ -73,19 +142,139 @@ func (b *Broker) Publish(ctx context.Context, q Execer, t Table, msgs ...any) er
 			sb.WriteString(tuple)
 			args = append(args, r...)
 		}
-		if _, err := q.ExecContext(ctx, p.Rebind(sb.String()), args...); err != nil {
-			return fmt.Errorf("sqlxbroker: publish to %s: %w", t.Name, err)
+		if suffix != "" {
+			sb.WriteString(" " + suffix)
 		}
+		res, err := q.ExecContext(ctx, pl.Rebind(sb.String()), args...)
+		if err != nil {
+			return inserted, fmt.Errorf("sqlxbroker: publish to %s: %w", t.Name, err)
+		}
+		if p.SkipDuplicates == "" {
+			inserted += int64(len(chunk))
+			continue
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return inserted, fmt.Errorf("sqlxbroker: publish to %s: count the rows inserted: %w", t.Name, err)
+		}
+		inserted += n
 	}
-	if w := p.Caps.Waker; w != nil {
-		if s, args := w.WakeStatement(p); s != "" {
-			if _, err := q.ExecContext(ctx, p.Rebind(s), args...); err != nil {
-				return fmt.Errorf("sqlxbroker: publish to %s: wake-up: %w", t.Name, err)
+	if inserted > 0 {
+		if w := pl.Caps.Waker; w != nil {
+			if s, args := w.WakeStatement(pl); s != "" {
+				if _, err := q.ExecContext(ctx, pl.Rebind(s), args...); err != nil {
+					return inserted, fmt.Errorf("sqlxbroker: publish to %s: wake-up: %w", t.Name, err)
+				}
 			}
 		}
+		b.local.Wake(t.Name)
 	}
-	b.local.Wake(t.Name)
-	return nil
+	return inserted, nil
+}
+
+// readyAt checks p's time fields against t and returns the ReadyAt of the
+// call's rows: override when p sets one, else now for the rows that give
+// none.
+func (p *PublishParams) readyAt(t *Table, now time.Time) (time.Time, bool, error) {
+	switch {
+	case p.Delay != 0 && !p.ReadyAt.IsZero():
+		return time.Time{}, false, fmt.Errorf("sqlxbroker: publish to %s: PublishParams.Delay and PublishParams.ReadyAt are both set; give one", t.Name)
+	case p.Delay < 0:
+		return time.Time{}, false, fmt.Errorf("sqlxbroker: publish to %s: PublishParams.Delay %v is negative", t.Name, p.Delay)
+	case p.Delay == 0 && p.ReadyAt.IsZero():
+		return now, false, nil
+	case t.ReadyAt == "":
+		which := "Delay"
+		if p.Delay == 0 {
+			which = "ReadyAt"
+		}
+		return time.Time{}, false, &TableError{Table: t.Name, Field: "ReadyAt",
+			Reason: fmt.Sprintf("PublishParams.%s needs a ReadyAt column to write the ready time to", which)}
+	case p.Delay != 0:
+		return now.Add(p.Delay), true, nil
+	}
+	return p.ReadyAt, true, nil
+}
+
+// setReadyAt writes ready (encoded) into the ReadyAt column of rows: of
+// every row when override is set, else of the rows that give no value. A
+// column the messages lack is added. It returns the columns.
+func setReadyAt(t *Table, cols []string, rows [][]any, ready any, override bool) ([]string, error) {
+	i := slices.IndexFunc(cols, func(c string) bool { return strings.EqualFold(c, t.ReadyAt) })
+	if i < 0 {
+		cols = append(cols, t.ReadyAt)
+		for j := range rows {
+			rows[j] = append(rows[j], ready)
+		}
+		return cols, nil
+	}
+	for _, r := range rows {
+		if override {
+			r[i] = ready
+			continue
+		}
+		missing, err := noValue(r[i])
+		if err != nil {
+			return nil, fmt.Errorf("sqlxbroker: publish to %s: column %q: %w", t.Name, cols[i], err)
+		}
+		if missing {
+			r[i] = ready
+		}
+	}
+	return cols, nil
+}
+
+// noValue reports whether v gives a column no value: nil, a nil pointer, a
+// zero time.Time, or a driver.Valuer whose value is one of them.
+func noValue(v any) (bool, error) {
+	for range 4 { // a Valuer of a Valuer: a few levels are plenty
+		switch x := v.(type) {
+		case nil:
+			return true, nil
+		case time.Time:
+			return x.IsZero(), nil
+		case *time.Time:
+			return x == nil || x.IsZero(), nil
+		case driver.Valuer:
+			if rv := reflect.ValueOf(x); rv.Kind() == reflect.Pointer && rv.IsNil() {
+				return true, nil
+			}
+			dv, err := x.Value()
+			if err != nil {
+				return false, err
+			}
+			v = dv
+			continue
+		}
+		rv := reflect.ValueOf(v)
+		return rv.Kind() == reflect.Pointer && rv.IsNil(), nil
+	}
+	return false, nil
+}
+
+// skipDuplicates checks the SkipDuplicates column and asks the dialect how
+// to skip its duplicates: the statement's start and suffix.
+func (b *Broker) skipDuplicates(ctx context.Context, t *Table, pl *core.Plan, cols []string, col string) (string, string, error) {
+	if err := core.CheckIdent(col); err != nil {
+		return "", "", &TableError{Table: t.Name, Field: "SkipDuplicates", Reason: "PublishParams.SkipDuplicates", Err: err}
+	}
+	if !slices.ContainsFunc(cols, func(c string) bool { return strings.EqualFold(c, col) }) {
+		return "", "", &TableError{Table: t.Name, Field: "SkipDuplicates",
+			Reason: fmt.Sprintf("PublishParams.SkipDuplicates names %q, which the messages do not insert (they insert %s)", col, strings.Join(cols, ", "))}
+	}
+	ds := pl.Caps.DuplicateSkipper
+	if ds == nil {
+		return "", "", fmt.Errorf("%w: publish to %s: dialect %s cannot skip duplicates (it lacks the core.DuplicateSkipper capability), so PublishParams.SkipDuplicates is refused", core.ErrUnsupported, t.Name, b.dialect.Name())
+	}
+	sq, err := ds.SkipDuplicates(ctx, &core.SkipDuplicatesParams{Pool: b.pool, Plan: pl, Column: col})
+	if err != nil {
+		return "", "", fmt.Errorf("sqlxbroker: publish to %s: skip duplicates of %q: %w", t.Name, col, err)
+	}
+	insert := sq.Insert
+	if insert == "" {
+		insert = "INSERT INTO"
+	}
+	return insert, sq.Suffix, nil
 }
 
 // maxParams keeps one insert under every built-in driver's parameter limit,

@@ -135,3 +135,54 @@ func TestFieldWalkRefuses(t *testing.T) {
 		})
 	}
 }
+
+func TestPublishParamsReadyAt(t *testing.T) {
+	now := time.Date(2026, 12, 4, 1, 0, 0, 0, time.UTC)
+	with := &Table{Name: "jobs", ReadyAt: "ready_at"}
+	without := &Table{Name: "jobs"}
+	for _, c := range []struct {
+		name     string
+		p        PublishParams
+		t        *Table
+		want     time.Time
+		override bool
+		err      string
+	}{
+		{"zero", PublishParams{}, with, now, false, ""},
+		{"zero without ReadyAt", PublishParams{}, without, now, false, ""},
+		{"delay", PublishParams{Delay: time.Minute}, with, now.Add(time.Minute), true, ""},
+		{"ready at", PublishParams{ReadyAt: now.Add(time.Hour)}, with, now.Add(time.Hour), true, ""},
+		{"both", PublishParams{Delay: time.Minute, ReadyAt: now}, with, time.Time{}, false, "Delay and PublishParams.ReadyAt are both set"},
+		{"negative", PublishParams{Delay: -time.Minute}, with, time.Time{}, false, "negative"},
+		{"delay without column", PublishParams{Delay: time.Minute}, without, time.Time{}, false, "PublishParams.Delay needs a ReadyAt column"},
+		{"ready at without column", PublishParams{ReadyAt: now}, without, time.Time{}, false, "PublishParams.ReadyAt needs a ReadyAt column"},
+	} {
+		got, override, err := c.p.readyAt(c.t, now)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%s: error %v, want one containing %q", c.name, err, c.err)
+			}
+			continue
+		}
+		if err != nil || !got.Equal(c.want) || override != c.override {
+			t.Errorf("%s: %v %v %v, want %v %v", c.name, got, override, err, c.want, c.override)
+		}
+	}
+}
+
+func TestNoValue(t *testing.T) {
+	var nilTime *time.Time
+	var nilNull *sql.NullTime
+	at := time.Now()
+	for _, c := range []struct {
+		v    any
+		want bool
+	}{
+		{nil, true}, {time.Time{}, true}, {nilTime, true}, {&time.Time{}, true}, {sql.NullTime{}, true}, {nilNull, true},
+		{at, false}, {&at, false}, {sql.NullTime{Time: at, Valid: true}, false}, {"2026-01-01", false}, {int64(0), false},
+	} {
+		if got, err := noValue(c.v); err != nil || got != c.want {
+			t.Errorf("noValue(%#v) = %v, %v; want %v", c.v, got, err, c.want)
+		}
+	}
+}

@@ -67,3 +67,24 @@ func TestBrokenDialectFails(t *testing.T) {
 	}
 	t.Logf("scenarios failed by the broken dialect: %v", failed)
 }
+
+// withoutSkipper is the example dialect without core.DuplicateSkipper: only
+// the interfaces embedded here are promoted.
+type withoutSkipper struct {
+	core.Dialect
+	core.Leaser
+	core.TableCreator
+}
+
+// TestPublishDuplicatesRefused: PublishDuplicates on a dialect without the
+// capability checks the refusal (ErrUnsupported naming the dialect and the
+// capability, nothing inserted), and passes.
+func TestPublishDuplicatesRefused(t *testing.T) {
+	d := leaseonly.Dialect{}
+	tg := exampleTarget(t, withoutSkipper{d, d, d})
+	tg.Short = true
+	if core.CapabilitiesOf(tg.Dialect).DuplicateSkipper != nil {
+		t.Fatal("the wrapped dialect still skips duplicates")
+	}
+	conformance.PublishDuplicates(t, &tg, core.Lease)
+}

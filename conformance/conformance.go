@@ -154,6 +154,8 @@ func Scenarios() []Scenario {
 		{"Operations", all, Operations},
 		{"OperationsAtScale", only(sqlxbroker.Lease), OperationsAtScale},
 		{"PublishFields", all, PublishFields},
+		{"PublishDuplicates", all, PublishDuplicates},
+		{"PublishReadyAt", all, PublishReadyAt},
 		{"PoolLifecycle", all, PoolLifecycle},
 		{"SessionLoss", all, SessionLoss},
 		{"SessionCrash", all, SessionCrash},

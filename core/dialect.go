@@ -165,6 +165,41 @@ type TableCreator interface {
 	CreateTable(p *DDLParams) ([]string, error)
 }
 
+// SkipDuplicatesParams is the input of DuplicateSkipper.SkipDuplicates.
+type SkipDuplicatesParams struct {
+	Pool   *Pool  // the broker's pool (the statements may run on another session: the caller's transaction)
+	Plan   *Plan  // the table
+	Column string // the unique column, as the caller named it (CheckIdent accepted it)
+}
+
+// InsertSQL is how one multi-row INSERT INTO table (cols) VALUES (..), ..
+// skips duplicates: Insert replaces its "INSERT INTO" ("": kept), Suffix
+// follows the VALUES list.
+type InsertSQL struct {
+	Insert string // e.g. "INSERT IGNORE INTO"; "": "INSERT INTO"
+	Suffix string // e.g. `ON CONFLICT ("key") DO NOTHING`
+}
+
+// DuplicateSkipper is the capability of PublishParams.SkipDuplicates:
+// SkipDuplicates returns the clauses that make an insert of p.Plan's table
+// skip, without an error and without changing the row already there, each
+// row whose p.Column value equals that of a row in the table or of an
+// earlier row of the same statement. The column must have a unique
+// constraint or unique index of its own; on a column without one the call
+// must fail and insert nothing (the database's own error at insert time,
+// as ON CONFLICT (col) gives, is enough), never insert duplicates as
+// INSERT IGNORE would. Other errors (NOT NULL, a value too long) must stay
+// errors. The statement's
+// RowsAffected must be exactly the number of rows inserted (a skipped row
+// counts 0): Publish reports their sum over its statements. SkipDuplicates
+// is called once per publishing call and may read the database through
+// p.Pool (a check it keeps with Keep). Without it, a publish that asks to
+// skip duplicates fails with ErrUnsupported, naming the dialect and the
+// capability, and inserts nothing.
+type DuplicateSkipper interface {
+	SkipDuplicates(ctx context.Context, p *SkipDuplicatesParams) (*InsertSQL, error)
+}
+
 // Capabilities are a dialect's optional interfaces (nil: lacking), found by
 // CapabilitiesOf, the one place the library asserts them.
 type Capabilities struct {
@@ -175,6 +210,8 @@ type Capabilities struct {
 	Starter        Starter
 	Waker          Waker
 	TableCreator   TableCreator
+	// DuplicateSkipper: PublishParams.SkipDuplicates; nil: refused.
+	DuplicateSkipper DuplicateSkipper
 }
 
 func CapabilitiesOf(d Dialect) Capabilities {
@@ -186,6 +223,7 @@ func CapabilitiesOf(d Dialect) Capabilities {
 	c.Starter, _ = d.(Starter)
 	c.Waker, _ = d.(Waker)
 	c.TableCreator, _ = d.(TableCreator)
+	c.DuplicateSkipper, _ = d.(DuplicateSkipper)
 	return c
 }
 

@@ -22,7 +22,17 @@
 //     compares bytes), so short keys that differ only in case may exclude
 //     each other, never the reverse;
 //   - FIFO guard: a locking read of the group's unfinished rows that skips
-//     rows others hold; the group is the claim's when no row was skipped.
+//     rows others hold; the group is the claim's when no row was skipped;
+//   - duplicate skipping (PublishParams.SkipDuplicates): INSERT ..
+//     ON DUPLICATE KEY UPDATE col = col, which leaves the row there
+//     unchanged and, unlike INSERT IGNORE, keeps NOT NULL, truncation and
+//     other errors errors. Any unique key of the table (the primary key
+//     included) makes a row a duplicate, so col should be the only unique
+//     key besides a server-assigned id. The count of inserted rows is the
+//     statement's affected rows: 1 per inserted row, 0 per unchanged
+//     duplicate, the driver's default (clientFoundRows=false). With
+//     clientFoundRows=true a duplicate would count 1: the dialect tries
+//     the broker's pool once (a temporary table) and refuses such a pool.
 //
 // Times are sent as fixed-format UTC text ("2006-01-02 15:04:05.000000"),
 // never as time.Time, so the DSN's parseTime and loc change nothing the
@@ -60,6 +70,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	_ "github.com/go-sql-driver/mysql" // the "mysql" database/sql driver
@@ -85,6 +96,7 @@ var _ interface {
 	core.GroupGuard
 	core.Starter
 	core.TableCreator
+	core.DuplicateSkipper
 } = Dialect{}
 
 // LockWaitLimit sets and resets the session's innodb_lock_wait_timeout
@@ -446,6 +458,93 @@ func keyOf(v any) string {
 		return string(b)
 	}
 	return fmt.Sprint(v)
+}
+
+// ---- duplicate skipping ----
+
+// uniqueIndex counts the unique indexes of the table that are col alone.
+const uniqueIndex = `SELECT COUNT(*) FROM (SELECT INDEX_NAME FROM information_schema.STATISTICS
+WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? AND NON_UNIQUE = 0
+GROUP BY INDEX_NAME HAVING COUNT(*) = 1 AND MAX(COLUMN_NAME) = ?) AS u`
+
+// SkipDuplicates appends ON DUPLICATE KEY UPDATE col = col: a duplicate
+// row (on any unique key) leaves the row there as it is and counts 0 in
+// the affected rows, an inserted row 1. Unlike INSERT IGNORE it keeps
+// every other error an error. ON DUPLICATE KEY would insert duplicates of
+// a column without a unique key, so it fails unless col has a unique index
+// of its own (information_schema.STATISTICS, on the broker's pool), and it
+// fails when the pool's sessions count found rows (clientFoundRows=true),
+// which would count each duplicate as inserted.
+func (d Dialect) SkipDuplicates(ctx context.Context, p *core.SkipDuplicatesParams) (*core.InsertSQL, error) {
+	pl := p.Plan
+	var schema any
+	name := pl.Table
+	if s, n, ok := strings.Cut(name, "."); ok {
+		schema, name = s, n
+	}
+	var n int
+	if err := p.Pool.DB.QueryRowxContext(ctx, uniqueIndex, schema, name, p.Column).Scan(&n); err != nil {
+		return nil, fmt.Errorf("sqlxbroker: mysql: read the unique indexes of %s: %w", pl.Table, err)
+	}
+	if n == 0 {
+		return nil, &sqlxbroker.TableError{Table: pl.Table, Field: "SkipDuplicates",
+			Reason: fmt.Sprintf("column %q has no unique index of its own, so ON DUPLICATE KEY cannot find its duplicates (CREATE UNIQUE INDEX .. ON %s (%s))", p.Column, pl.Table, p.Column)}
+	}
+	found, err := foundRowsOf(ctx, p.Pool)
+	if err != nil {
+		return nil, err
+	}
+	if found {
+		return nil, fmt.Errorf("sqlxbroker: mysql: the pool's sessions report found rows (clientFoundRows=true in the DSN), so a skipped duplicate would count as inserted: remove clientFoundRows=true to skip duplicates")
+	}
+	q := d.QuoteIdent(p.Column)
+	return &core.InsertSQL{Suffix: "ON DUPLICATE KEY UPDATE " + q + " = " + q}, nil
+}
+
+// foundRowsKey keeps a pool's foundRows (core.Keep).
+type foundRowsKey struct{}
+
+// foundRows is whether a pool's sessions count found rather than changed
+// rows, once learnt.
+type foundRows struct {
+	mu        sync.Mutex
+	known, on bool
+}
+
+// foundRowsOf tells whether pool's sessions count found rows: on one
+// session, a temporary table gets a row and its duplicate in one INSERT ..
+// ON DUPLICATE KEY UPDATE, which affects 1 row by default and 2 with
+// CLIENT_FOUND_ROWS. A session that cannot make temporary tables (no
+// CREATE TEMPORARY TABLES privilege) is taken to count changed rows, the
+// driver's default. The answer is kept for the pool.
+func foundRowsOf(ctx context.Context, pool *core.Pool) (bool, error) {
+	fr, err := core.Keep(pool, foundRowsKey{}, func() (*foundRows, error) { return &foundRows{}, nil })
+	if err != nil {
+		return false, err
+	}
+	fr.mu.Lock()
+	defer fr.mu.Unlock()
+	if fr.known {
+		return fr.on, nil
+	}
+	conn, err := pool.DB.Connx(ctx)
+	if err != nil {
+		return false, fmt.Errorf("sqlxbroker: mysql: check clientFoundRows: %w", err)
+	}
+	defer conn.Close()
+	fr.known = true
+	if _, err := conn.ExecContext(ctx, "CREATE TEMPORARY TABLE sqlxbroker_found_rows (k INT PRIMARY KEY)"); err != nil {
+		return false, nil
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), "DROP TEMPORARY TABLE sqlxbroker_found_rows")
+	res, err := conn.ExecContext(ctx, "INSERT INTO sqlxbroker_found_rows (k) VALUES (1), (1) ON DUPLICATE KEY UPDATE k = k")
+	if err != nil {
+		return false, nil
+	}
+	if n, err := res.RowsAffected(); err == nil {
+		fr.on = n != 1
+	}
+	return fr.on, nil
 }
 
 // ---- DDL ----

@@ -20,6 +20,9 @@
 //   - FIFO guard: pg_try_advisory_xact_lock(table oid, hashtext(group)), the
 //     two-key form, so guards never share a lock with the advisory form's
 //     one-key locks, and works on every supported server;
+//   - duplicate skipping (PublishParams.SkipDuplicates): INSERT ..
+//     ON CONFLICT (col) DO NOTHING; the server refuses a column without a
+//     unique index or constraint of its own;
 //   - wake-ups: Publish runs pg_notify in the publishing transaction and
 //     subscriptions LISTEN: on a pq.Listener when the dialect knows the DSN
 //     (Open, Dialect.ListenDSN), a publish then wakes them within a round
@@ -75,6 +78,7 @@ var _ interface {
 	core.Starter
 	core.Waker
 	core.TableCreator
+	core.DuplicateSkipper
 } = Dialect{}
 
 func (Dialect) Name() string { return "PostgreSQL" }
@@ -268,6 +272,15 @@ func (Dialect) GuardGroup(ctx context.Context, tx *sqlx.Tx, p *core.GroupGuardPa
 	var ok bool
 	err := tx.QueryRowContext(ctx, guardGroup, p.Plan.QTable, g).Scan(&ok)
 	return ok, err
+}
+
+// SkipDuplicates appends ON CONFLICT (col) DO NOTHING: a row whose col is
+// in the table, or in an earlier row of the statement, is skipped and not
+// counted in RowsAffected. The server checks that col has a unique index
+// or constraint of its own (else: "there is no unique or exclusion
+// constraint matching the ON CONFLICT specification").
+func (Dialect) SkipDuplicates(_ context.Context, p *core.SkipDuplicatesParams) (*core.InsertSQL, error) {
+	return &core.InsertSQL{Suffix: "ON CONFLICT (" + pq.QuoteIdentifier(p.Column) + ") DO NOTHING"}, nil
 }
 
 // Server versions (server_version_num) the forms need.

@@ -15,7 +15,10 @@
 //     them, so an advisory subscription takes an exclusive OS file lock
 //     beside the database ("<file>-sqlxbroker.lock") and a second process
 //     is refused with core.ErrAdvisoryConflict;
-//   - FIFO: no guard is needed, SQLite runs one writer at a time.
+//   - FIFO: no guard is needed, SQLite runs one writer at a time;
+//   - duplicate skipping (PublishParams.SkipDuplicates): INSERT ..
+//     ON CONFLICT (col) DO NOTHING; SQLite refuses a column without a
+//     unique index or constraint of its own.
 //
 // Open the database with DSN, which sets a busy timeout (required: claims
 // from several connections wait for the one writer), WAL journaling and
@@ -55,6 +58,7 @@ var _ interface {
 	core.GroupGuard
 	core.Starter
 	core.TableCreator
+	core.DuplicateSkipper
 } = Dialect{}
 
 func (Dialect) Name() string { return "SQLite" }
@@ -279,6 +283,15 @@ func (Dialect) AdvisoryUnlocks(ctx context.Context, p *core.AdvisoryParams) erro
 		delete(fk.held, k)
 	}
 	return nil
+}
+
+// SkipDuplicates appends ON CONFLICT (col) DO NOTHING (SQLite 3.24+): a
+// row whose col is in the table, or in an earlier row of the statement, is
+// skipped and not counted in RowsAffected. SQLite checks that col has a
+// unique index or constraint of its own ("ON CONFLICT clause does not
+// match any PRIMARY KEY or UNIQUE constraint").
+func (d Dialect) SkipDuplicates(_ context.Context, p *core.SkipDuplicatesParams) (*core.InsertSQL, error) {
+	return &core.InsertSQL{Suffix: "ON CONFLICT (" + d.QuoteIdent(p.Column) + ") DO NOTHING"}, nil
 }
 
 // CreateTable returns the recommended table and indexes.

@@ -46,6 +46,12 @@ func (Dialect) FenceLeases(p *core.Plan, ids, tokens []any) (string, []any) {
 	return core.FencePairs(p, ids, tokens)
 }
 
+// SkipDuplicates is the optional duplicate skipping of
+// PublishParams.SkipDuplicates: SQLite's upsert clause that does nothing.
+func (d Dialect) SkipDuplicates(_ context.Context, p *core.SkipDuplicatesParams) (*core.InsertSQL, error) {
+	return &core.InsertSQL{Suffix: "ON CONFLICT (" + d.QuoteIdent(p.Column) + ") DO NOTHING"}, nil
+}
+
 // CreateTable lets the suite make its tables.
 func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	cols := []string{`"id" INTEGER PRIMARY KEY`, `"attempt" INTEGER NOT NULL DEFAULT 1`}
