@@ -116,6 +116,16 @@ func stateCondAs(p *core.Plan, t *Table, st State, now time.Time, alias string) 
 	return "", nil, err
 }
 
+// CheckTable checks t as every operation does before it acts: the
+// description on its own (Validate, the dialect's forms), then the live
+// table, read by a query that returns no row, so nothing changes. A
+// missing table, or a column of the description the table lacks, is a
+// *TableError naming it (and the field it comes from).
+func (b *Broker) CheckTable(ctx context.Context, t Table) error {
+	_, err := b.opsPlan(ctx, t)
+	return err
+}
+
 // opsPlan checks t and the live table as Subscribe does.
 func (b *Broker) opsPlan(ctx context.Context, t Table) (*core.Plan, error) {
 	p, err := b.Plan(t)
@@ -172,16 +182,29 @@ func (b *Broker) Counts(ctx context.Context, t Table) (Counts, error) {
 	}
 	now := core.Now()
 	out := Counts{At: now, InWorkKnown: p.QLockedUntil != ""}
-	for _, st := range States {
-		cond, args, err := stateCond(p, &t, st, now)
-		if err != nil {
-			continue // a state the table cannot have
+	for _, cq := range countQueries(p, &t, now) {
+		if cq.state == "" { // the oldest ready row, when there is one
+			if out.Ready == 0 {
+				continue
+			}
+			var v any
+			if err := b.db.QueryRowContext(ctx, cq.query, cq.args...).Scan(&v); err != nil {
+				return Counts{}, fmt.Errorf("sqlxbroker: oldest ready row of %s: %w", t.Name, err)
+			}
+			if v != nil {
+				var at time.Time
+				if err := assignTime(&at, v); err != nil {
+					return Counts{}, fmt.Errorf("sqlxbroker: oldest ready row of %s: %w", t.Name, err)
+				}
+				out.OldestReady = at
+			}
+			continue
 		}
 		var n int64
-		if err := b.db.QueryRowContext(ctx, p.Rebind("SELECT COUNT(*) FROM "+p.QTable+" "+p.Alias+" WHERE "+cond), args...).Scan(&n); err != nil {
-			return Counts{}, fmt.Errorf("sqlxbroker: count %s rows of %s: %w", st, t.Name, err)
+		if err := b.db.QueryRowContext(ctx, cq.query, cq.args...).Scan(&n); err != nil {
+			return Counts{}, fmt.Errorf("sqlxbroker: count %s rows of %s: %w", cq.state, t.Name, err)
 		}
-		switch st {
+		switch cq.state {
 		case StateReady:
 			out.Ready = n
 		case StateScheduled:
@@ -194,22 +217,33 @@ func (b *Broker) Counts(ctx context.Context, t Table) (Counts, error) {
 			out.Done = n
 		}
 	}
-	if p.QReadyAt != "" && out.Ready > 0 {
-		cond, args, _ := stateCond(p, &t, StateReady, now)
-		var v any
-		q := "SELECT MIN(" + p.Alias + "." + p.QReadyAt + ") FROM " + p.QTable + " " + p.Alias + " WHERE " + cond
-		if err := b.db.QueryRowContext(ctx, p.Rebind(q), args...).Scan(&v); err != nil {
-			return Counts{}, fmt.Errorf("sqlxbroker: oldest ready row of %s: %w", t.Name, err)
-		}
-		if v != nil {
-			var at time.Time
-			if err := assignTime(&at, v); err != nil {
-				return Counts{}, fmt.Errorf("sqlxbroker: oldest ready row of %s: %w", t.Name, err)
-			}
-			out.OldestReady = at
-		}
-	}
 	return out, nil
+}
+
+// countQuery is one statement of Counts, rebound for the dialect: a COUNT
+// of state's rows, or (state "") the oldest ready row's ReadyAt.
+type countQuery struct {
+	state State
+	query string
+	args  []any
+}
+
+// countQueries are the statements Counts runs for t at now, in order.
+func countQueries(p *core.Plan, t *Table, now time.Time) []countQuery {
+	var out []countQuery
+	for _, st := range States {
+		cond, args, err := stateCond(p, t, st, now)
+		if err != nil {
+			continue // a state the table cannot have
+		}
+		out = append(out, countQuery{st, p.Rebind("SELECT COUNT(*) FROM " + p.QTable + " " + p.Alias + " WHERE " + cond), args})
+	}
+	if p.QReadyAt != "" {
+		cond, args, _ := stateCond(p, t, StateReady, now)
+		q := "SELECT MIN(" + p.Alias + "." + p.QReadyAt + ") FROM " + p.QTable + " " + p.Alias + " WHERE " + cond
+		out = append(out, countQuery{"", p.Rebind(q), args})
+	}
+	return out
 }
 
 // assignTime reads a timestamp as the driver returned it.

@@ -1,15 +1,23 @@
 // Command sqlxbroker runs the library's demo, its conformance suite against
-// any database, and its benchmark.
+// any database and its benchmark, and operates queues: counts, listing,
+// requeue, delete, prune, and the recommended DDL for migrations.
 //
 //	sqlxbroker demo                 # embedded SQLite, no set-up
 //	sqlxbroker conformance --driver postgres --dsn postgres://...
 //	sqlxbroker soak --driver postgres --dsn postgres://... --restart-cmd '...'
 //	sqlxbroker bench --driver postgres --dsn postgres://... --form all --concurrency 8,64
+//	sqlxbroker stats --driver postgres --dsn postgres://... --tables tables.json --watch 2s
+//	sqlxbroker requeue --driver postgres --dsn postgres://... --table jobs --dead-at dead_at --all
+//	sqlxbroker ddl --driver postgres --table jobs --dead-at dead_at --format goose
 package main
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"os"
+	"os/signal"
+	"strings"
 
 	"github.com/sqlxbroker/sqlxbroker/conformance"
 )
@@ -22,7 +30,29 @@ commands:
   soak          publish and consume with worker processes while killing them,
                 their sessions and the server; audit nothing lost or done twice
   bench         measure deliveries/s, latency, connections and memory (--driver, --dsn)
+
+operations (--driver, --dsn, and the table: --table NAME [columns] or --tables FILE):
+  stats         counts per state of each table (--watch DURATION, --json)
+  list          a page of a state's rows (--state, --limit, --after ID, --json)
+  requeue       make dead rows ready again (--id ID,... or --all)
+  delete        delete rows of a state (--state, --id ID,... or --all)
+  prune         delete done rows older than a duration (--older-than)
+  serve         the web dashboard of the described tables (127.0.0.1:8080, read-only without --actions)
+  ddl           print the recommended DDL for goose or golang-migrate (--format)
+
+Run a command with -h for its flags.
 `
+
+// opsCommands are the operations commands, run in-process by the tests.
+var opsCommands = map[string]func(ctx context.Context, args []string, stdout, stderr io.Writer) error{
+	"stats":   statsCmd,
+	"list":    listCmd,
+	"requeue": requeueCmd,
+	"delete":  deleteCmd,
+	"prune":   pruneCmd,
+	"serve":   serveCmd,
+	"ddl":     ddlCmd,
+}
 
 func main() {
 	if len(os.Args) < 2 {
@@ -30,6 +60,20 @@ func main() {
 		os.Exit(2)
 	}
 	var err error
+	if cmd, ok := opsCommands[os.Args[1]]; ok {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+		err = cmd(ctx, os.Args[2:], os.Stdout, os.Stderr)
+		stop()
+		if err != nil {
+			msg := err.Error()
+			if !strings.HasPrefix(msg, "sqlxbroker: ") {
+				msg = "sqlxbroker: " + msg
+			}
+			fmt.Fprintln(os.Stderr, msg)
+			os.Exit(1)
+		}
+		return
+	}
 	switch os.Args[1] {
 	case "demo":
 		err = demo(os.Args[2:])

@@ -346,8 +346,10 @@ var ddlTypes = map[string]string{
 // attempt starting at 1, timestamptz for the lease and state columns, the
 // group, order and key columns (text, bigint for an order column, unless
 // the payload types them), the payload columns; a partial index on the
-// claim order over unfinished rows, and for a FIFO table one on (group,
-// order) that the group-head check reads.
+// claim order over unfinished rows, for a FIFO table one on (group,
+// order) that the group-head check reads, and for the operations' counts
+// partial indexes on ReadyAt over unfinished rows, on DeadAt over dead
+// rows and on DoneAt over done rows (each where the column is described).
 func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	pl := p.Plan
 	typed := map[string]string{}
@@ -421,6 +423,24 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	}
 	if pl.Group != "" {
 		stmts = append(stmts, "CREATE INDEX IF NOT EXISTS "+d.QuoteIdent(indexName(pl.Table, "fifo"))+" ON "+pl.QTable+" ("+pl.QGroup+", "+pl.OrderBy("")+")"+where)
+	}
+	// Broker.Counts, List and Prune: a partial index per state whose
+	// predicate is the state's condition, so each count reads its own rows
+	// only (ready and scheduled rows are the unfinished ones by ReadyAt).
+	// The lease column is left out of every index: claims and renewals,
+	// which write nothing else, stay heap-only updates.
+	if pl.ReadyAt != "" {
+		stmts = append(stmts, "CREATE INDEX IF NOT EXISTS "+d.QuoteIdent(indexName(pl.Table, "ready"))+" ON "+pl.QTable+" ("+pl.QReadyAt+")"+where)
+	}
+	if pl.DeadAt != "" {
+		stmts = append(stmts, "CREATE INDEX IF NOT EXISTS "+d.QuoteIdent(indexName(pl.Table, "dead"))+" ON "+pl.QTable+" ("+pl.QDeadAt+") WHERE "+pl.QDeadAt+" IS NOT NULL")
+	}
+	if pl.DoneAt != "" {
+		done := pl.QDoneAt + " IS NOT NULL"
+		if pl.DeadAt != "" {
+			done += " AND " + pl.QDeadAt + " IS NULL"
+		}
+		stmts = append(stmts, "CREATE INDEX IF NOT EXISTS "+d.QuoteIdent(indexName(pl.Table, "done"))+" ON "+pl.QTable+" ("+pl.QDoneAt+") WHERE "+done)
 	}
 	return stmts, nil
 }

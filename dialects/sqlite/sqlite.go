@@ -294,7 +294,10 @@ func (d Dialect) SkipDuplicates(_ context.Context, p *core.SkipDuplicatesParams)
 	return &core.InsertSQL{Suffix: "ON CONFLICT (" + d.QuoteIdent(p.Column) + ") DO NOTHING"}, nil
 }
 
-// CreateTable returns the recommended table and indexes.
+// CreateTable returns the recommended table and indexes: partial indexes
+// on the claim order and FIFO groups over unfinished rows, and for the
+// operations' counts on ReadyAt over unfinished rows, DeadAt over dead rows
+// and DoneAt over done rows (each where the column is described).
 func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	pl := p.Plan
 	types := map[string]string{"text": "TEXT", "bigint": "INTEGER", "int": "INTEGER", "bool": "INTEGER", "timestamp": "TEXT", "bytes": "BLOB"}
@@ -338,6 +341,26 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	}
 	if !pl.OrderIsID() {
 		stmts = append(stmts, "CREATE INDEX IF NOT EXISTS "+d.QuoteIdent(name+"_order")+" ON "+pl.QTable+" ("+pl.OrderBy("")+") WHERE "+where)
+	}
+	// Broker.Counts, List and Prune: a partial index per state whose WHERE
+	// is the state's condition's own terms (SQLite uses a partial index only
+	// for a query whose WHERE holds them).
+	if pl.ReadyAt != "" {
+		unf := ""
+		if where != "1=1" {
+			unf = " WHERE " + where
+		}
+		stmts = append(stmts, "CREATE INDEX IF NOT EXISTS "+d.QuoteIdent(name+"_ready")+" ON "+pl.QTable+" ("+pl.QReadyAt+")"+unf)
+	}
+	if pl.DeadAt != "" {
+		stmts = append(stmts, "CREATE INDEX IF NOT EXISTS "+d.QuoteIdent(name+"_dead")+" ON "+pl.QTable+" ("+pl.QDeadAt+") WHERE "+pl.QDeadAt+" IS NOT NULL")
+	}
+	if pl.DoneAt != "" {
+		done := pl.QDoneAt + " IS NOT NULL"
+		if pl.DeadAt != "" {
+			done += " AND " + pl.QDeadAt + " IS NULL"
+		}
+		stmts = append(stmts, "CREATE INDEX IF NOT EXISTS "+d.QuoteIdent(name+"_done")+" ON "+pl.QTable+" ("+pl.QDoneAt+") WHERE "+done)
 	}
 	return stmts, nil
 }

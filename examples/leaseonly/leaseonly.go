@@ -65,7 +65,16 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 			cols = append(cols, d.QuoteIdent(c[0])+" TEXT")
 		}
 	}
-	return []string{"CREATE TABLE " + p.Plan.QTable + " (" + strings.Join(cols, ", ") + ")"}, nil
+	stmts := []string{"CREATE TABLE " + p.Plan.QTable + " (" + strings.Join(cols, ", ") + ")"}
+	// Indexes for the operations' counts (Broker.Counts): dead and done
+	// rows by their columns.
+	name := strings.ReplaceAll(p.Plan.Table, ".", "_")
+	for _, c := range [][2]string{{"dead", p.Plan.QDeadAt}, {"done", p.Plan.QDoneAt}} {
+		if c[1] != "" {
+			stmts = append(stmts, "CREATE INDEX "+d.QuoteIdent(name+"_"+c[0])+" ON "+p.Plan.QTable+" ("+c[1]+") WHERE "+c[1]+" IS NOT NULL")
+		}
+	}
+	return stmts, nil
 }
 
 // DriverName is the database/sql driver this package registers (SQLite's,
