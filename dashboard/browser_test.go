@@ -8,6 +8,7 @@ package dashboard_test
 import (
 	"context"
 	"fmt"
+	"github.com/sqlxbroker/sqlxbroker/internal/testreport"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -48,6 +49,7 @@ func chromium(t *testing.T) string {
 	}
 	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
 		if p, err := exec.LookPath(name); err == nil {
+			testreport.Tested(t, "Chromium (the dashboard's browser test)", p)
 			return p
 		}
 	}
@@ -55,7 +57,7 @@ func chromium(t *testing.T) string {
 	if os.Getenv(requireBrowser) == "1" {
 		t.Fatalf("%s; %s=1 forbids skipping", msg, requireBrowser)
 	}
-	t.Skip(msg)
+	testreport.Skip(t, "Chromium (the dashboard's browser test)", msg)
 	return ""
 }
 

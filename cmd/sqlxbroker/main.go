@@ -25,7 +25,7 @@ import (
 const usage = `usage: sqlxbroker <command> [flags]
 
 commands:
-  demo          publish and drain messages on an embedded SQLite file
+  demo          publish and drain messages (an embedded SQLite file, or --driver --dsn)
   conformance   run the conformance suite against a database (--driver, --dsn)
   soak          publish and consume with worker processes while killing them,
                 their sessions and the server; audit nothing lost or done twice

@@ -11,6 +11,7 @@ package provision
 import (
 	"database/sql"
 	"fmt"
+	"github.com/sqlxbroker/sqlxbroker/internal/testreport"
 	"os"
 	"strings"
 	"time"
@@ -36,6 +37,7 @@ const Require = "SQLXBROKER_REQUIRE_DB"
 // Database says where one kind of database comes from.
 type Database struct {
 	Name         string   // e.g. "PostgreSQL 15"
+	Family       string   // what the test report calls it, e.g. "PostgreSQL"
 	Env          string   // e.g. "SQLXBROKER_POSTGRES_DSN"
 	Driver       string   // database/sql driver name
 	Repository   string   // Docker image
@@ -47,13 +49,13 @@ type Database struct {
 
 // The databases the built-in dialects are tested on.
 var (
-	Postgres = Database{Name: "PostgreSQL 15", Env: "SQLXBROKER_POSTGRES_DSN", Driver: "postgres",
+	Postgres = Database{Name: "PostgreSQL 15", Family: "PostgreSQL", Env: "SQLXBROKER_POSTGRES_DSN", Driver: "postgres",
 		Repository: "postgres", Tag: "15", ContainerEnv: []string{"POSTGRES_PASSWORD=secret", "POSTGRES_DB=test"}, Port: "5432/tcp",
 		DSN: func(hp string) string { return "postgres://postgres:secret@" + hp + "/test?sslmode=disable" }}
-	MySQL = Database{Name: "MySQL 8", Env: "SQLXBROKER_MYSQL8_DSN", Driver: "mysql",
+	MySQL = Database{Name: "MySQL 8", Family: "MySQL 8", Env: "SQLXBROKER_MYSQL8_DSN", Driver: "mysql",
 		Repository: "mysql", Tag: "8.0", ContainerEnv: []string{"MYSQL_ROOT_PASSWORD=secret", "MYSQL_DATABASE=test"}, Port: "3306/tcp",
 		DSN: func(hp string) string { return "root:secret@tcp(" + hp + ")/test" }}
-	MariaDB = Database{Name: "MariaDB", Env: "SQLXBROKER_MYSQL_DSN", Driver: "mysql",
+	MariaDB = Database{Name: "MariaDB", Family: "MariaDB", Env: "SQLXBROKER_MYSQL_DSN", Driver: "mysql",
 		Repository: "mariadb", Tag: "10.6", ContainerEnv: []string{"MARIADB_ROOT_PASSWORD=secret", "MARIADB_DATABASE=test"}, Port: "3306/tcp",
 		DSN: func(hp string) string { return "root:secret@tcp(" + hp + ")/test" }}
 )
@@ -77,17 +79,19 @@ func (d Database) get(t TB, required bool) string {
 		if err := ping(d.Driver, dsn, 10*time.Second); err != nil {
 			t.Fatalf("%s at %s=%q is unreachable: %v", d.Name, d.Env, dsn, err)
 		}
+		testreport.Tested(t, d.Family, d.Env)
 		return dsn
 	}
 	dsn, err := d.container(t)
 	if err == nil {
+		testreport.Tested(t, d.Family, "a Docker container")
 		return dsn
 	}
 	msg := fmt.Sprintf("no %s: set %s to a DSN of a database the tests may create tables in (Docker is not available to start one: %v)", d.Name, d.Env, err)
 	if required {
 		t.Fatalf("%s; %s=1 forbids skipping", msg, Require)
 	}
-	t.Skipf("%s", msg)
+	testreport.Skip(t, d.Family, msg)
 	return ""
 }
 

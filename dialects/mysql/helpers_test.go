@@ -3,6 +3,7 @@ package mysql_test
 import (
 	"context"
 	"fmt"
+	"github.com/sqlxbroker/sqlxbroker/internal/testreport"
 	"os"
 	"regexp"
 	"strings"
@@ -28,8 +29,9 @@ func testDSN(t *testing.T) string {
 		if os.Getenv("SQLXBROKER_REQUIRE_DB") == "1" {
 			t.Fatalf("%s is not set and SQLXBROKER_REQUIRE_DB=1 forbids skipping: set it to a MySQL 8.0.1+/MariaDB 10.6+ DSN, e.g. root@tcp(127.0.0.1:3306)/test", dsnEnv)
 		}
-		t.Skipf("set %s to a MySQL 8.0.1+/MariaDB 10.6+ DSN, e.g. root@tcp(127.0.0.1:3306)/test, to run this test", dsnEnv)
+		testreport.Skip(t, "MariaDB", fmt.Sprintf("set %s to a MySQL 8.0.1+/MariaDB 10.6+ DSN, e.g. root@tcp(127.0.0.1:3306)/test, to run this test", dsnEnv))
 	}
+	testreport.Tested(t, "MariaDB", dsnEnv)
 	return dsn
 }
 

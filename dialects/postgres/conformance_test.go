@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"database/sql/driver"
+	"github.com/sqlxbroker/sqlxbroker/internal/testreport"
 	"os"
 	"strings"
 	"testing"
@@ -43,8 +44,9 @@ func matrixDSN(t *testing.T, name string) string {
 		if os.Getenv("SQLXBROKER_REQUIRE_PG_MATRIX") == "1" {
 			t.Fatal(msg + " (SQLXBROKER_REQUIRE_PG_MATRIX=1)")
 		}
-		t.Skip(msg)
+		testreport.Skip(t, matrixName(name), msg)
 	}
+	testreport.Tested(t, matrixName(name), name)
 	return dsn
 }
 
@@ -127,4 +129,11 @@ func TestChainCommit(t *testing.T) {
 			}
 		})
 	}
+}
+
+// matrixName is what the test report calls the server of a matrix
+// variable: "PostgreSQL 10" for SQLXBROKER_POSTGRES10_DSN.
+func matrixName(env string) string {
+	v := strings.TrimSuffix(strings.TrimPrefix(env, "SQLXBROKER_POSTGRES"), "_DSN")
+	return "PostgreSQL " + strings.ToLower(strings.TrimPrefix(v, "_"))
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/sqlxbroker/sqlxbroker/internal/testreport"
 	"os"
 	"strings"
 	"sync"
@@ -34,8 +35,9 @@ func dsn(t *testing.T) string {
 		if os.Getenv("SQLXBROKER_REQUIRE_DB") == "1" {
 			t.Fatal(msg + " (SQLXBROKER_REQUIRE_DB=1 forbids the skip)")
 		}
-		t.Skip(msg)
+		testreport.Skip(t, "PostgreSQL", msg)
 	}
+	testreport.Tested(t, "PostgreSQL", "SQLXBROKER_POSTGRES_DSN")
 	return s
 }
 

@@ -1,6 +1,7 @@
 package sqlite_test
 
 import (
+	"github.com/sqlxbroker/sqlxbroker/internal/testreport"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -28,6 +29,7 @@ func dbFile(t conformance.TB) string {
 func TestConformance(t *testing.T) {
 	path := dbFile(t)
 	t.Setenv("SQLXBROKER_SQLITE_FILE", path)
+	testreport.Tested(t, "SQLite", "a file in a temporary directory")
 	conformance.Run(t, conformance.Target{
 		Dialect: sqlite.Dialect{},
 		// One writer at a time: volumes scaled down (500 rows, not 5,000)
