@@ -59,6 +59,13 @@ func stateCond(p *core.Plan, t *Table, st State, now time.Time) (string, []any, 
 
 // stateCondAs is stateCond over alias ("" for none).
 func stateCondAs(p *core.Plan, t *Table, st State, now time.Time, alias string) (string, []any, error) {
+	return stateCondMarked(p, t, st, now, alias, nil)
+}
+
+// stateCondMarked is stateCondAs with the classes (unfinished, dead, done)
+// told by m's conditions (over p.Alias) instead of the state columns; m nil:
+// by the columns.
+func stateCondMarked(p *core.Plan, t *Table, st State, now time.Time, alias string, m *core.StateMarks) (string, []any, error) {
 	need := func(field, col string) error {
 		if col == "" {
 			return &TableError{Table: t.Name, Field: field, Reason: fmt.Sprintf("the state %s needs a %s column", st, field)}
@@ -72,6 +79,9 @@ func stateCondAs(p *core.Plan, t *Table, st State, now time.Time, alias string) 
 		return alias + "." + q
 	}
 	unf := p.Unfinished(alias)
+	if m != nil && m.Unfinished != "" {
+		unf = m.Unfinished
+	}
 	var args []any
 	notLeased := ""
 	if p.QLockedUntil != "" {
@@ -84,10 +94,16 @@ func stateCondAs(p *core.Plan, t *Table, st State, now time.Time, alias string) 
 		if err := need("DeadAt", p.DeadAt); err != nil {
 			return "", nil, err
 		}
+		if m != nil && m.Dead != "" {
+			return m.Dead, nil, nil
+		}
 		return c(p.QDeadAt) + " IS NOT NULL", nil, nil
 	case StateDone:
 		if err := need("DoneAt", p.DoneAt); err != nil {
 			return "", nil, err
+		}
+		if m != nil && m.Done != "" {
+			return m.Done, nil, nil
 		}
 		cond := c(p.QDoneAt) + " IS NOT NULL"
 		if p.QDeadAt != "" {
@@ -171,7 +187,9 @@ func (c Counts) Of(st State) int64 {
 
 // Counts counts t's rows in each state the description can tell, one
 // COUNT per state (an index on the state's column serves it: see
-// TableDDL), and reads the oldest ready row's ReadyAt. The counts are
+// TableDDL; on a dialect with core.StateMarker, an index on the column the
+// recommended table derives from the state columns, when the table has
+// it), and reads the oldest ready row's ReadyAt. The counts are
 // read one after the other, not in one snapshot: under a running
 // subscription a row moving between states may be counted in neither or
 // in both.
@@ -180,9 +198,15 @@ func (b *Broker) Counts(ctx context.Context, t Table) (Counts, error) {
 	if err != nil {
 		return Counts{}, err
 	}
+	var marks *core.StateMarks
+	if sm := p.Caps.StateMarker; sm != nil {
+		if marks, err = sm.StateMarks(ctx, b.pool, p); err != nil {
+			return Counts{}, fmt.Errorf("sqlxbroker: counts of %s: %w", t.Name, err)
+		}
+	}
 	now := core.Now()
 	out := Counts{At: now, InWorkKnown: p.QLockedUntil != ""}
-	for _, cq := range countQueries(p, &t, now) {
+	for _, cq := range countQueries(p, &t, now, marks) {
 		if cq.state == "" { // the oldest ready row, when there is one
 			if out.Ready == 0 {
 				continue
@@ -228,18 +252,19 @@ type countQuery struct {
 	args  []any
 }
 
-// countQueries are the statements Counts runs for t at now, in order.
-func countQueries(p *core.Plan, t *Table, now time.Time) []countQuery {
+// countQueries are the statements Counts runs for t at now, in order,
+// with the classes told by m (nil: by the state columns).
+func countQueries(p *core.Plan, t *Table, now time.Time, m *core.StateMarks) []countQuery {
 	var out []countQuery
 	for _, st := range States {
-		cond, args, err := stateCond(p, t, st, now)
+		cond, args, err := stateCondMarked(p, t, st, now, p.Alias, m)
 		if err != nil {
 			continue // a state the table cannot have
 		}
 		out = append(out, countQuery{st, p.Rebind("SELECT COUNT(*) FROM " + p.QTable + " " + p.Alias + " WHERE " + cond), args})
 	}
 	if p.QReadyAt != "" {
-		cond, args, _ := stateCond(p, t, StateReady, now)
+		cond, args, _ := stateCondMarked(p, t, StateReady, now, p.Alias, m)
 		q := "SELECT MIN(" + p.Alias + "." + p.QReadyAt + ") FROM " + p.QTable + " " + p.Alias + " WHERE " + cond
 		out = append(out, countQuery{"", p.Rebind(q), args})
 	}
