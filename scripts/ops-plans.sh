@@ -66,7 +66,12 @@ SQL
 # The table has the counts' column (sqlxbroker_state: 0 unfinished, 1 done,
 # 2 dead), so Counts reads it instead of the state columns (the dialect's
 # StateMarks).
-mq() { echo "### $1"; echo '```'; mysql "${MYARGS[@]}" -t -e "ANALYZE $2"; echo '```'; }
+mq() {
+  echo "### $1"; echo '```'; mysql "${MYARGS[@]}" -t -e "ANALYZE $2"
+  # The statement's own time (the JSON's second r_total_time_ms; the first is the optimizer's).
+  mysql "${MYARGS[@]}" -N -r -e "ANALYZE FORMAT=JSON $2" | grep -o '"r_total_time_ms": [0-9.]*' | sed -n 2p
+  echo '```'
+}
 MUNF="c.sqlxbroker_state = 0"
 mq ready     "SELECT COUNT(*) FROM $T c WHERE $MUNF AND (c.ready_at IS NULL OR c.ready_at <= $N) AND $NL"
 mq scheduled "SELECT COUNT(*) FROM $T c WHERE $MUNF AND c.ready_at > $N AND $NL"

@@ -14,8 +14,8 @@ import (
 
 // statsRows is the benchmark table's size. Row g goes, as
 // scripts/ops-plans.sh fills it: 900,000 done, 20,000 dead, 30,000
-// scheduled, 49,000 ready, 1,000 in work (a lease 55 s ahead: the counts
-// are checked once, at once).
+// scheduled (from an hour ahead), 49,000 ready, 1,000 in work (a lease 55 s
+// ahead: the counts are checked once, at once).
 const statsRows = 1000000
 
 // BenchmarkStatsMillion times `sqlxbroker stats` (the process's work:
@@ -32,7 +32,7 @@ func BenchmarkStatsMillion(b *testing.B) {
 		d := benchDB(b, "postgres", provision.Postgres.Get(b))
 		name := statsTable(b, d, `INSERT INTO %[1]s (attempt, ready_at, dead_at, done_at, last_error, locked_until, body)
 SELECT CASE WHEN g > 900000 AND g <= 920000 THEN 3 ELSE 1 END,
-  CASE WHEN g > 920000 AND g <= 950000 THEN now() + make_interval(secs => g - 920000)
+  CASE WHEN g > 920000 AND g <= 950000 THEN now() + make_interval(secs => 3600 + g - 920000)
        ELSE now() - make_interval(secs => 1000001 - g) END,
   CASE WHEN g > 900000 AND g <= 920000 THEN now() - interval '1 hour' END,
   CASE WHEN g <= 900000 THEN now() - make_interval(secs => 1000001 - g) END,
@@ -40,7 +40,7 @@ SELECT CASE WHEN g > 900000 AND g <= 920000 THEN 3 ELSE 1 END,
   CASE WHEN g > 999000 THEN now() + interval '55 seconds' END,
   'payload ' || g
 FROM generate_series(1, %[2]d) g`, "VACUUM (ANALYZE) %s")
-		benchStats(b, d, name)
+		b.Run("partial-indexes", func(b *testing.B) { benchStats(b, d, name) })
 	})
 	b.Run("mysql", func(b *testing.B) {
 		d := benchDB(b, "mysql", provision.MariaDB.Get(b))
@@ -48,7 +48,7 @@ FROM generate_series(1, %[2]d) g`, "VACUUM (ANALYZE) %s")
 			" UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9)"
 		name := statsTable(b, d, `INSERT INTO %[1]s (attempt, ready_at, dead_at, done_at, last_error, locked_until, body)
 SELECT IF(g > 900000 AND g <= 920000, 3, 1),
-  IF(g > 920000 AND g <= 950000, UTC_TIMESTAMP(6) + INTERVAL (g - 920000) SECOND, UTC_TIMESTAMP(6) - INTERVAL (1000001 - g) SECOND),
+  IF(g > 920000 AND g <= 950000, UTC_TIMESTAMP(6) + INTERVAL (3600 + g - 920000) SECOND, UTC_TIMESTAMP(6) - INTERVAL (1000001 - g) SECOND),
   IF(g > 900000 AND g <= 920000, UTC_TIMESTAMP(6) - INTERVAL 1 HOUR, NULL),
   IF(g <= 900000, UTC_TIMESTAMP(6) - INTERVAL (1000001 - g) SECOND, NULL),
   IF(g > 900000 AND g <= 920000, 'boom', NULL),

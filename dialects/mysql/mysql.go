@@ -32,7 +32,16 @@
 //     statement's affected rows: 1 per inserted row, 0 per unchanged
 //     duplicate, the driver's default (clientFoundRows=false). With
 //     clientFoundRows=true a duplicate would count 1: the dialect tries
-//     the broker's pool once (a temporary table) and refuses such a pool.
+//     the broker's pool once (a temporary table) and refuses such a pool;
+//   - counts (Broker.Counts): MariaDB has no partial indexes, and an index
+//     on DeadAt or DoneAt becomes the claims' plan, where a row-lock claim
+//     that skips a held row keeps a lock on its secondary entry and the
+//     holder's completion waits for it. CreateTable adds instead an
+//     INVISIBLE STORED column sqlxbroker_state (0 unfinished, 1 done, 2
+//     dead) and the index sqlxbroker_counts on it, ReadyAt and
+//     LockedUntil; no claim statement names the column, so none can use
+//     the index, and StateMarks has the counts read it (a table without
+//     it is counted by table scans).
 //
 // Times are sent as fixed-format UTC text ("2006-01-02 15:04:05.000000"),
 // never as time.Time, so the DSN's parseTime and loc change nothing the
