@@ -258,3 +258,27 @@ func TestStateColumnDDL(t *testing.T) {
 		t.Errorf("a payload column named sqlxbroker_state: %v, want a refusal naming it", err)
 	}
 }
+
+// TestSameStateExpr: the expression CreateTable writes matches what
+// MariaDB prints for it and what MySQL 8 prints (parenthesised, each
+// condition too), and not an expression with another column or value.
+func TestSameStateExpr(t *testing.T) {
+	ddl := "CASE WHEN `dead_at` IS NOT NULL THEN 2 WHEN `done_at` IS NOT NULL THEN 1 ELSE 0 END"
+	for _, e := range []string{
+		"case when `dead_at` is not null then 2 when `done_at` is not null then 1 else 0 end",       // MariaDB 10.11
+		"(case when (`dead_at` is not null) then 2 when (`done_at` is not null) then 1 else 0 end)", // MySQL 8
+	} {
+		if !mysql.SameStateExpr(ddl, e) {
+			t.Errorf("%q does not match the DDL's expression", e)
+		}
+	}
+	for _, e := range []string{
+		"case when `done_at` is not null then 2 when `dead_at` is not null then 1 else 0 end",
+		"case when `dead_at` is not null then 2 else 0 end",
+		"case when `dead_at2` is not null then 2 when `done_at` is not null then 1 else 0 end",
+	} {
+		if mysql.SameStateExpr(ddl, e) {
+			t.Errorf("%q matches the DDL's expression", e)
+		}
+	}
+}
