@@ -212,7 +212,11 @@ func (b *Broker) Counts(ctx context.Context, t Table) (Counts, error) {
 				continue
 			}
 			var v any
-			if err := b.db.QueryRowContext(ctx, cq.query, cq.args...).Scan(&v); err != nil {
+			err := b.db.QueryRowContext(ctx, cq.query, cq.args...).Scan(&v)
+			if errors.Is(err, sql.ErrNoRows) {
+				continue // no ready row has a ReadyAt
+			}
+			if err != nil {
 				return Counts{}, fmt.Errorf("sqlxbroker: oldest ready row of %s: %w", t.Name, err)
 			}
 			if v != nil {
@@ -264,8 +268,12 @@ func countQueries(p *core.Plan, t *Table, now time.Time, m *core.StateMarks) []c
 		out = append(out, countQuery{st, p.Rebind("SELECT COUNT(*) FROM " + p.QTable + " " + p.Alias + " WHERE " + cond), args})
 	}
 	if p.QReadyAt != "" {
+		// The first in ReadyAt order rather than MIN: MariaDB computes a MIN
+		// with a condition outside the index (the lease) over the whole
+		// range, and an ordered read stops at the first row.
 		cond, args, _ := stateCondMarked(p, t, StateReady, now, p.Alias, m)
-		q := "SELECT MIN(" + p.Alias + "." + p.QReadyAt + ") FROM " + p.QTable + " " + p.Alias + " WHERE " + cond
+		ra := p.Alias + "." + p.QReadyAt
+		q := "SELECT " + ra + " FROM " + p.QTable + " " + p.Alias + " WHERE " + cond + " AND " + ra + " IS NOT NULL ORDER BY " + ra + " LIMIT 1"
 		out = append(out, countQuery{"", p.Rebind(q), args})
 	}
 	return out

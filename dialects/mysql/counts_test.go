@@ -103,9 +103,9 @@ func scanned(t *testing.T, db *sqlx.DB) int64 {
 }
 
 // TestCountsStateColumn: on the table CreateTable makes, Counts reads the
-// sqlxbroker_state column's index and scans no table, and counts what the
-// state columns say; with the column dropped (a table made by other DDL)
-// the same counts come from scans. The rows are counted on one session, so
+// sqlxbroker_state column's index, scanning the table at most once, and
+// counts what the state columns say; with the column dropped (a table made
+// by other DDL) the same counts come from scans. The rows are counted on one session, so
 // its handler counters are Counts' own.
 func TestCountsStateColumn(t *testing.T) {
 	dsn := testDSN(t)
@@ -136,18 +136,21 @@ func TestCountsStateColumn(t *testing.T) {
 			t.Errorf("%s: Counts scanned %d rows, want %d to %d", what, n, minScanned, maxScanned)
 		}
 	}
-	check("with the state column", 100, 0)
+	// At most one table scan: the in-work count, whose lease column the
+	// index leaves out (the optimizer may read the index and the rows it
+	// points to instead).
+	check("with the state column", rows+1000, 0)
 
 	// Rows change state, and the column follows.
 	db.MustExec("UPDATE " + tb.Name + " SET done_at = ready_at WHERE dead_at IS NULL AND done_at IS NULL AND id % 3 = 0")
 	db.MustExec("UPDATE " + tb.Name + " SET dead_at = NOW(6) WHERE done_at IS NOT NULL AND id % 5 = 0")
-	check("after updates", 100, 0)
+	check("after updates", rows+1000, 0)
 
 	db.MustExec("ALTER TABLE " + tb.Name + " DROP COLUMN sqlxbroker_state")
 	if err := b.CheckTable(ctx, tb); err != nil {
 		t.Fatal(err)
 	}
-	check("without the state column", 1<<40, 5*rows)
+	check("without the state column", 1<<40, 3*rows)
 }
 
 // TestStateMarks: StateMarks gives the conditions only for a column whose
@@ -228,7 +231,7 @@ func TestStateColumnDDL(t *testing.T) {
 	}
 	ddl := strings.Join(stmts, "\n")
 	for _, want := range []string{"`sqlxbroker_state` TINYINT AS (CASE WHEN `dead_at` IS NOT NULL THEN 2 WHEN `done_at` IS NOT NULL THEN 1 ELSE 0 END) STORED INVISIBLE",
-		"INDEX `sqlxbroker_counts` (`sqlxbroker_state`, `ready_at`, `locked_until`)"} {
+		"INDEX `sqlxbroker_counts` (`sqlxbroker_state`, `ready_at`)"} {
 		if !strings.Contains(ddl, want) {
 			t.Errorf("DDL lacks %s:\n%s", want, ddl)
 		}
