@@ -192,7 +192,9 @@ func (c Counts) Of(st State) int64 {
 // it), and reads the oldest ready row's ReadyAt. The counts are
 // read one after the other, not in one snapshot: under a running
 // subscription a row moving between states may be counted in neither or
-// in both.
+// in both. With core.StateMarker's column they are read in one
+// REPEATABLE READ snapshot, and InWork is the unfinished rows less the
+// ready and scheduled ones (the index leaves the lease column out).
 func (b *Broker) Counts(ctx context.Context, t Table) (Counts, error) {
 	p, err := b.opsPlan(ctx, t)
 	if err != nil {
@@ -204,6 +206,18 @@ func (b *Broker) Counts(ctx context.Context, t Table) (Counts, error) {
 			return Counts{}, fmt.Errorf("sqlxbroker: counts of %s: %w", t.Name, err)
 		}
 	}
+	var q interface {
+		QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	} = b.db
+	if marks != nil {
+		// One snapshot: the in-work count is derived from the others.
+		tx, err := b.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+		if err != nil {
+			return Counts{}, fmt.Errorf("sqlxbroker: counts of %s: %w", t.Name, err)
+		}
+		defer tx.Rollback()
+		q = tx
+	}
 	now := core.Now()
 	out := Counts{At: now, InWorkKnown: p.QLockedUntil != ""}
 	for _, cq := range countQueries(p, &t, now, marks) {
@@ -212,7 +226,7 @@ func (b *Broker) Counts(ctx context.Context, t Table) (Counts, error) {
 				continue
 			}
 			var v any
-			err := b.db.QueryRowContext(ctx, cq.query, cq.args...).Scan(&v)
+			err := q.QueryRowContext(ctx, cq.query, cq.args...).Scan(&v)
 			if errors.Is(err, sql.ErrNoRows) {
 				continue // no ready row has a ReadyAt
 			}
@@ -229,7 +243,7 @@ func (b *Broker) Counts(ctx context.Context, t Table) (Counts, error) {
 			continue
 		}
 		var n int64
-		if err := b.db.QueryRowContext(ctx, cq.query, cq.args...).Scan(&n); err != nil {
+		if err := q.QueryRowContext(ctx, cq.query, cq.args...).Scan(&n); err != nil {
 			return Counts{}, fmt.Errorf("sqlxbroker: count %s rows of %s: %w", cq.state, t.Name, err)
 		}
 		switch cq.state {
@@ -239,6 +253,9 @@ func (b *Broker) Counts(ctx context.Context, t Table) (Counts, error) {
 			out.Scheduled = n
 		case StateInWork:
 			out.InWork = n
+			if cq.unfinished { // ready, scheduled and in work split them
+				out.InWork = n - out.Ready - out.Scheduled
+			}
 		case StateDead:
 			out.Dead = n
 		case StateDone:
@@ -254,6 +271,9 @@ type countQuery struct {
 	state State
 	query string
 	args  []any
+	// unfinished: the in-work query counts the unfinished rows instead
+	// (ready and scheduled, counted before it, are the rest of them).
+	unfinished bool
 }
 
 // countQueries are the statements Counts runs for t at now, in order,
@@ -265,7 +285,15 @@ func countQueries(p *core.Plan, t *Table, now time.Time, m *core.StateMarks) []c
 		if err != nil {
 			continue // a state the table cannot have
 		}
-		out = append(out, countQuery{st, p.Rebind("SELECT COUNT(*) FROM " + p.QTable + " " + p.Alias + " WHERE " + cond), args})
+		cq := countQuery{state: st, args: args}
+		if st == StateInWork && m != nil && m.Unfinished != "" {
+			// The lease column is outside the marks' index, so the rows in
+			// work are the unfinished rows (the index alone) less the
+			// ready and scheduled ones, in the same snapshot (Counts).
+			cond, cq.args, cq.unfinished = m.Unfinished, nil, true
+		}
+		cq.query = p.Rebind("SELECT COUNT(*) FROM " + p.QTable + " " + p.Alias + " WHERE " + cond)
+		out = append(out, cq)
 	}
 	if p.QReadyAt != "" {
 		// The first in ReadyAt order rather than MIN: MariaDB computes a MIN
@@ -274,7 +302,7 @@ func countQueries(p *core.Plan, t *Table, now time.Time, m *core.StateMarks) []c
 		cond, args, _ := stateCondMarked(p, t, StateReady, now, p.Alias, m)
 		ra := p.Alias + "." + p.QReadyAt
 		q := "SELECT " + ra + " FROM " + p.QTable + " " + p.Alias + " WHERE " + cond + " AND " + ra + " IS NOT NULL ORDER BY " + ra + " LIMIT 1"
-		out = append(out, countQuery{"", p.Rebind(q), args})
+		out = append(out, countQuery{query: p.Rebind(q), args: args})
 	}
 	return out
 }

@@ -65,7 +65,8 @@ ANALYZE TABLE $T;
 SQL
 # The table has the counts' column (sqlxbroker_state: 0 unfinished, 1 done,
 # 2 dead), so Counts reads it instead of the state columns (the dialect's
-# StateMarks).
+# StateMarks), in one snapshot, and counts the unfinished rows in place of
+# the rows in work.
 mq() {
   echo "### $1"; echo '```'; mysql "${MYARGS[@]}" -t -e "ANALYZE $2"
   # The statement's own time (the JSON's second r_total_time_ms; the first is the optimizer's).
@@ -75,7 +76,7 @@ mq() {
 MUNF="c.sqlxbroker_state = 0"
 mq ready     "SELECT COUNT(*) FROM $T c WHERE $MUNF AND (c.ready_at IS NULL OR c.ready_at <= $N) AND $NL"
 mq scheduled "SELECT COUNT(*) FROM $T c WHERE $MUNF AND c.ready_at > $N AND $NL"
-mq in-work   "SELECT COUNT(*) FROM $T c WHERE $MUNF AND (c.locked_until > $N AND c.locked_until <= $L)"
+mq unfinished "SELECT COUNT(*) FROM $T c WHERE $MUNF"   # in work: these less ready and scheduled
 mq dead      "SELECT COUNT(*) FROM $T c WHERE c.sqlxbroker_state = 2"
 mq done      "SELECT COUNT(*) FROM $T c WHERE c.sqlxbroker_state = 1"
 mq oldest    "SELECT c.ready_at FROM $T c WHERE $MUNF AND (c.ready_at IS NULL OR c.ready_at <= $N) AND $NL AND c.ready_at IS NOT NULL ORDER BY c.ready_at LIMIT 1"
