@@ -26,6 +26,47 @@ type Handler func(ctx context.Context, d *Delivery) error
 type Delivery struct {
 	row   *core.Row
 	claim core.Claim
+	table *Table // the subscription's description; nil for NewDelivery's
+}
+
+// Metadata returns the row's Metadata column (Table.Metadata) as text: what
+// the publisher's MetadataFunc stored (Broker.SetMetadataFunc). It is ""
+// when the table names no such column, the row holds NULL, or the
+// delivery was made by NewDelivery.
+func (d *Delivery) Metadata() string {
+	if d.table == nil || d.table.Metadata == "" {
+		return ""
+	}
+	v, ok := d.Value(d.table.Metadata)
+	if !ok || v == nil {
+		return ""
+	}
+	switch s := v.(type) {
+	case string:
+		return s
+	case []byte:
+		return string(s)
+	}
+	return fmt.Sprint(v)
+}
+
+// ReadyAt returns the row's ReadyAt column (Table.ReadyAt) as it stood when
+// the row was claimed: the time the row became ready, which Publish sets to
+// the publish time (or the Delay's end) and a retry to its retry time. ok
+// is false when the table names no such column, the row holds NULL or a
+// value that is not a time, or the delivery was made by NewDelivery.
+func (d *Delivery) ReadyAt() (t time.Time, ok bool) {
+	if d.table == nil || d.table.ReadyAt == "" {
+		return time.Time{}, false
+	}
+	v, found := d.Value(d.table.ReadyAt)
+	if !found || v == nil {
+		return time.Time{}, false
+	}
+	if err := assignTime(&t, v); err != nil {
+		return time.Time{}, false
+	}
+	return t, true
 }
 
 // ID returns the row's primary key as the driver returned it.
