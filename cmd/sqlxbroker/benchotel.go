@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/sqlxbroker/sqlxbroker/internal/bench"
+	"github.com/sqlxbroker/sqlxbroker/otelbroker"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+)
+
+// otelRun is the OpenTelemetry SDK set up for one bench run: a meter
+// provider whose manual reader is read once, at the end, and a tracer
+// provider that samples every span and hands them in batches to an
+// exporter that drops them, so the run pays what the SDK itself costs.
+type otelRun struct {
+	reader *sdkmetric.ManualReader
+	mp     *sdkmetric.MeterProvider
+	tp     *sdktrace.TracerProvider
+	inst   *otelbroker.Instrumentation
+}
+
+func newOtelRun() (*otelRun, error) {
+	o := &otelRun{reader: sdkmetric.NewManualReader()}
+	o.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(o.reader))
+	o.tp = sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()),
+		sdktrace.WithBatcher(tracetest.NewNoopExporter()))
+	inst, err := otelbroker.New(otelbroker.Options{MeterProvider: o.mp, TracerProvider: o.tp})
+	if err != nil {
+		return nil, err
+	}
+	o.inst = inst
+	return o, nil
+}
+
+// adapter instruments a bench run with otelbroker: the fill publishes in
+// spans of its own, whose context the rows carry.
+func (o *otelRun) adapter() *bench.Adapter {
+	tracer := o.tp.Tracer("sqlxbroker bench")
+	return &bench.Adapter{
+		Name:   "otelbroker",
+		Broker: o.inst.Instrument,
+		PublishContext: func(ctx context.Context) (context.Context, func()) {
+			ctx, span := tracer.Start(ctx, "publish")
+			return ctx, func() { span.End() }
+		},
+		Wrap: o.inst.Wrap,
+	}
+}
+
+// claimed reads the sqlxbroker.claimed counter's total, and shuts the
+// providers down.
+func (o *otelRun) close() (int64, error) {
+	var rm metricdata.ResourceMetrics
+	err := o.reader.Collect(context.Background(), &rm)
+	var n int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if s, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "sqlxbroker.claimed" {
+				for _, dp := range s.DataPoints {
+					n += dp.Value
+				}
+			}
+		}
+	}
+	if serr := o.tp.Shutdown(context.Background()); err == nil {
+		err = serr
+	}
+	if serr := o.mp.Shutdown(context.Background()); err == nil {
+		err = serr
+	}
+	return n, err
+}
+
+// runOtel runs c with the otelbroker adapter and checks that its metrics
+// counted every delivery.
+func runOtel(c bench.Config) (*bench.Result, error) {
+	o, err := newOtelRun()
+	if err != nil {
+		return nil, err
+	}
+	c.Adapter = o.adapter()
+	r, err := bench.Run(context.Background(), c)
+	claimed, cerr := o.close()
+	if err != nil {
+		return nil, err
+	}
+	if cerr != nil {
+		return nil, fmt.Errorf("bench: OpenTelemetry: %w", cerr)
+	}
+	if r.Mode == bench.Drain && claimed < r.Deliveries {
+		return nil, fmt.Errorf("bench: sqlxbroker.claimed reads %d after %d deliveries", claimed, r.Deliveries)
+	}
+	return r, nil
+}
+
+// compareLine says what the adapter cost over rounds of runs without
+// (base) and with it: the mean rates and CPU.
+func compareLine(base, with []bench.Result) string {
+	mean := func(rs []bench.Result, f func(bench.Result) float64) float64 {
+		var s float64
+		for _, r := range rs {
+			s += f(r)
+		}
+		return s / float64(len(rs))
+	}
+	rate := func(r bench.Result) float64 { return r.PerSecond }
+	cpu := func(r bench.Result) float64 { return r.CPUMicros }
+	b, w := mean(base, rate), mean(with, rate)
+	return fmt.Sprintf("%s at %d, %d round(s): without %.0f/s, with otelbroker %.0f/s: %.3f of the rate (%+.1f%%); CPU %.1f vs %.1f us/delivery",
+		base[0].Form, base[0].Concurrency, len(base), b, w, w/b, (w/b-1)*100, mean(base, cpu), mean(with, cpu))
+}
