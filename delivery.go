@@ -63,11 +63,26 @@ func (d *Delivery) ReadyAt() (t time.Time, ok bool) {
 	if !found || v == nil {
 		return time.Time{}, false
 	}
+	switch x := v.(type) { // what the built-in drivers return, without reflection
+	case time.Time:
+		return x.UTC(), true
+	case string:
+		if t, err := time.Parse(textTime, x); err == nil {
+			return t, true
+		}
+	case []byte:
+		if t, err := time.Parse(textTime, string(x)); err == nil {
+			return t, true
+		}
+	}
 	if err := assignTime(&t, v); err != nil {
 		return time.Time{}, false
 	}
 	return t, true
 }
+
+// textTime reads the UTC text the SQLite and MySQL dialects store.
+const textTime = "2006-01-02 15:04:05.999999999"
 
 // ID returns the row's primary key as the driver returned it.
 func (d *Delivery) ID() any { return d.row.ID }

@@ -45,6 +45,8 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sqlxbroker/sqlxbroker"
@@ -86,10 +88,49 @@ type Instrumentation struct {
 	prop   propagation.TextMapPropagator
 	meter  metric.Meter
 
-	claimed, succeeded, retried, dead, snoozed, released metric.Int64Counter
-	leaseLost, completeErrs, claimErrs, panics           metric.Int64Counter
-	handlerTime, claimTime, startDelay                   metric.Float64Histogram
-	rows                                                 metric.Int64ObservableGauge
+	counters                           [nCounters]metric.Int64ObservableCounter
+	handlerTime, claimTime, startDelay metric.Float64Histogram
+	rows                               metric.Int64ObservableGauge
+
+	mu      sync.Mutex
+	tallies map[[2]string]*tally // by table and form
+}
+
+// The counters. A delivery adds to a tally of its table's (an atomic
+// add); the meter reads the tallies at each collection, so counting costs
+// no SDK call per delivery.
+const (
+	cClaimed = iota
+	cSucceeded
+	cRetried
+	cDead
+	cSnoozed
+	cReleased
+	cLeaseLost
+	cCompleteErrs
+	cClaimErrs
+	cPanics
+	nCounters
+)
+
+var counterDefs = [nCounters]struct{ name, unit, desc string }{
+	cClaimed:      {"sqlxbroker.claimed", "{delivery}", "Rows claimed and handed to handlers."},
+	cSucceeded:    {"sqlxbroker.succeeded", "{delivery}", "Deliveries completed as succeeded."},
+	cRetried:      {"sqlxbroker.retried", "{delivery}", "Deliveries whose rows were returned for another attempt."},
+	cDead:         {"sqlxbroker.dead", "{delivery}", "Deliveries whose rows were moved to the dead state."},
+	cSnoozed:      {"sqlxbroker.snoozed", "{delivery}", "Deliveries whose rows were snoozed."},
+	cReleased:     {"sqlxbroker.released", "{delivery}", "Deliveries whose rows were given back at stop."},
+	cLeaseLost:    {"sqlxbroker.lease_lost", "{delivery}", "Completions that found the row's hold lost."},
+	cCompleteErrs: {"sqlxbroker.completion_errors", "{delivery}", "Completions that failed."},
+	cClaimErrs:    {"sqlxbroker.claim_errors", "{claim}", "Claims that failed."},
+	cPanics:       {"sqlxbroker.panics", "{delivery}", "Handler panics."},
+}
+
+// tally is the counts of one table and form, over every subscription
+// wrapped for it.
+type tally struct {
+	attrs metric.ObserveOption
+	n     [nCounters]atomic.Int64
 }
 
 // New makes the instruments of o's meter.
@@ -104,23 +145,15 @@ func New(o Options) (*Instrumentation, error) {
 		o.Propagator = propagation.TraceContext{}
 	}
 	i := &Instrumentation{tracer: o.TracerProvider.Tracer(ScopeName), prop: o.Propagator,
-		meter: o.MeterProvider.Meter(ScopeName)}
+		meter: o.MeterProvider.Meter(ScopeName), tallies: map[[2]string]*tally{}}
 	var errs []error
-	counter := func(name, unit, desc string) metric.Int64Counter {
-		c, err := i.meter.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+	observables := make([]metric.Observable, 0, nCounters)
+	for k, d := range counterDefs {
+		c, err := i.meter.Int64ObservableCounter(d.name, metric.WithUnit(d.unit), metric.WithDescription(d.desc))
 		errs = append(errs, err)
-		return c
+		i.counters[k] = c
+		observables = append(observables, c)
 	}
-	i.claimed = counter("sqlxbroker.claimed", "{delivery}", "Rows claimed and handed to handlers.")
-	i.succeeded = counter("sqlxbroker.succeeded", "{delivery}", "Deliveries completed as succeeded.")
-	i.retried = counter("sqlxbroker.retried", "{delivery}", "Deliveries whose rows were returned for another attempt.")
-	i.dead = counter("sqlxbroker.dead", "{delivery}", "Deliveries whose rows were moved to the dead state.")
-	i.snoozed = counter("sqlxbroker.snoozed", "{delivery}", "Deliveries whose rows were snoozed.")
-	i.released = counter("sqlxbroker.released", "{delivery}", "Deliveries whose rows were given back at stop.")
-	i.leaseLost = counter("sqlxbroker.lease_lost", "{delivery}", "Completions that found the row's hold lost.")
-	i.completeErrs = counter("sqlxbroker.completion_errors", "{delivery}", "Completions that failed.")
-	i.claimErrs = counter("sqlxbroker.claim_errors", "{claim}", "Claims that failed.")
-	i.panics = counter("sqlxbroker.panics", "{delivery}", "Handler panics.")
 	hist := func(name, desc string, bounds ...float64) metric.Float64Histogram {
 		h, err := i.meter.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc),
 			metric.WithExplicitBucketBoundaries(bounds...))
@@ -139,7 +172,35 @@ func New(o Options) (*Instrumentation, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
+	if _, err := i.meter.RegisterCallback(i.observe, observables...); err != nil {
+		return nil, err
+	}
 	return i, nil
+}
+
+// observe reports every tally's counts.
+func (i *Instrumentation) observe(_ context.Context, o metric.Observer) error {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	for _, t := range i.tallies {
+		for k := range t.n {
+			o.ObserveInt64(i.counters[k], t.n[k].Load(), t.attrs)
+		}
+	}
+	return nil
+}
+
+// tallyOf returns the tally of table t, made on first use.
+func (i *Instrumentation) tallyOf(t sqlxbroker.Table) *tally {
+	key := [2]string{t.Name, t.Form().String()}
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if c := i.tallies[key]; c != nil {
+		return c
+	}
+	c := &tally{attrs: metric.WithAttributeSet(attribute.NewSet(TableKey.String(key[0]), FormKey.String(key[1])))}
+	i.tallies[key] = c
+	return c
 }
 
 // Instrument makes b's Publish and PublishWith store the trace context of
@@ -182,15 +243,13 @@ func (i *Instrumentation) Subscribe(ctx context.Context, b *sqlxbroker.Broker, t
 // nil (Subscribe refuses it).
 func (i *Instrumentation) Wrap(t sqlxbroker.Table, h sqlxbroker.Handler, p sqlxbroker.SubscribeParams) (sqlxbroker.Handler, sqlxbroker.SubscribeParams) {
 	form := t.Form().String()
-	set := attribute.NewSet(TableKey.String(t.Name), FormKey.String(form))
-	w := &wrapped{i: i, h: h, onClaim: p.OnClaim, onOutcome: p.OnOutcome, name: "process " + t.Name,
-		add: []metric.AddOption{metric.WithAttributeSet(set)}, rec: []metric.RecordOption{metric.WithAttributeSet(set)}}
+	w := &wrapped{i: i, h: h, onClaim: p.OnClaim, onOutcome: p.OnOutcome, name: "process " + t.Name, n: i.tallyOf(t),
+		rec: []metric.RecordOption{metric.WithAttributes(TableKey.String(t.Name), FormKey.String(form))}}
 	w.start = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
 		attribute.String("messaging.system", "sqlxbroker"),
-		attribute.String("messaging.operation.name", "process"),
 		attribute.String("messaging.operation.type", "process"),
 		attribute.String("messaging.destination.name", t.Name),
-		TableKey.String(t.Name), FormKey.String(form))}
+		FormKey.String(form))}
 	p.OnClaim, p.OnOutcome = w.claim, w.outcome
 	if h == nil {
 		return nil, p
@@ -209,7 +268,7 @@ type wrapped struct {
 	onClaim   func(sqlxbroker.ClaimInfo)
 	onOutcome func(*sqlxbroker.Delivery, sqlxbroker.Outcome, error)
 	name      string
-	add       []metric.AddOption
+	n         *tally
 	rec       []metric.RecordOption
 	start     []trace.SpanStartOption
 }
@@ -220,22 +279,23 @@ func (w *wrapped) handle(ctx context.Context, d *sqlxbroker.Delivery) (err error
 	if r, ok := d.ReadyAt(); ok {
 		i.startDelay.Record(ctx, max(start.Sub(r), 0).Seconds(), w.rec...)
 	}
-	opts := w.start
-	if md := d.Metadata(); md != "" {
-		if sc := trace.SpanContextFromContext(i.prop.Extract(context.Background(), metaReader{s: md})); sc.IsValid() {
-			opts = append(opts[:len(opts):len(opts)], trace.WithLinks(trace.Link{SpanContext: sc}))
-		}
-	}
-	ctx, span := i.tracer.Start(ctx, w.name, opts...)
+	ctx, span := i.tracer.Start(ctx, w.name, w.start...)
 	if span.IsRecording() {
+		// The link is added to recorded spans only: a span the sampler
+		// drops costs no parse of the row's metadata.
 		span.SetAttributes(AttemptKey.Int(d.Attempt()))
+		if md := d.Metadata(); md != "" {
+			if sc := trace.SpanContextFromContext(i.prop.Extract(context.Background(), metaReader{s: md})); sc.IsValid() {
+				span.AddLink(trace.Link{SpanContext: sc})
+			}
+		}
 	}
 	returned := false
 	defer func() {
 		// A panic is not recovered here: the engine recovers it, with
 		// its stack, once this has run.
 		if !returned {
-			i.panics.Add(context.Background(), 1, w.add...)
+			w.n.n[cPanics].Add(1)
 			span.SetStatus(codes.Error, "handler panic")
 		}
 		span.End()
@@ -251,13 +311,12 @@ func (w *wrapped) handle(ctx context.Context, d *sqlxbroker.Delivery) (err error
 }
 
 func (w *wrapped) claim(c sqlxbroker.ClaimInfo) {
-	ctx := context.Background()
-	w.i.claimTime.Record(ctx, c.Duration.Seconds(), w.rec...)
+	w.i.claimTime.Record(context.Background(), c.Duration.Seconds(), w.rec...)
 	if c.Rows > 0 {
-		w.i.claimed.Add(ctx, int64(c.Rows), w.add...)
+		w.n.n[cClaimed].Add(int64(c.Rows))
 	}
 	if c.Err != nil {
-		w.i.claimErrs.Add(ctx, 1, w.add...)
+		w.n.n[cClaimErrs].Add(1)
 	}
 	if w.onClaim != nil {
 		w.onClaim(c)
@@ -265,28 +324,28 @@ func (w *wrapped) claim(c sqlxbroker.ClaimInfo) {
 }
 
 func (w *wrapped) outcome(d *sqlxbroker.Delivery, o sqlxbroker.Outcome, err error) {
-	var c metric.Int64Counter
+	k := -1
 	switch {
 	case err == nil:
 		switch o.Kind {
 		case sqlxbroker.Succeeded:
-			c = w.i.succeeded
+			k = cSucceeded
 		case sqlxbroker.Retry:
-			c = w.i.retried
+			k = cRetried
 		case sqlxbroker.Dead:
-			c = w.i.dead
+			k = cDead
 		case sqlxbroker.Released:
-			c = w.i.released
+			k = cReleased
 		case sqlxbroker.Snoozed:
-			c = w.i.snoozed
+			k = cSnoozed
 		}
 	case errors.Is(err, sqlxbroker.ErrLeaseLost):
-		c = w.i.leaseLost
+		k = cLeaseLost
 	default:
-		c = w.i.completeErrs
+		k = cCompleteErrs
 	}
-	if c != nil {
-		c.Add(context.Background(), 1, w.add...)
+	if k >= 0 {
+		w.n.n[k].Add(1)
 	}
 	if w.onOutcome != nil {
 		w.onOutcome(d, o, err)

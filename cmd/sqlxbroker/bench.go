@@ -35,6 +35,9 @@ meter and tracer provider, every span sampled and dropped by a no-op
 exporter) on a table with ReadyAt and Metadata columns; --otel-compare runs
 each run twice on such a table, without the adapter and then with it
 (--otel-rounds pairs, alternating), and prints both rates and their ratio.
+--otel-sample records the spans of that share of the deliveries (the
+tracer's sampler: a share of the trace ids), as an application that samples
+its traces would; --otel-traces=false measures the metrics alone.
 
 Lists in --form and --concurrency make a sweep: every form at every
 concurrency. --json prints one JSON line per run; --svg writes a chart of
@@ -67,9 +70,14 @@ func benchCmd(args []string) error {
 	withOtel := fs.Bool("otel", false, "instrument the runs with otelbroker (OpenTelemetry SDK, spans dropped)")
 	compare := fs.Bool("otel-compare", false, "run each run without and with otelbroker, and print both rates and the ratio")
 	rounds := fs.Int("otel-rounds", 1, "--otel-compare: pairs of runs, alternating without and with")
+	sample := fs.Float64("otel-sample", 1, "--otel, --otel-compare: share of the deliveries whose span is recorded (1: all; 0: none, metrics only)")
+	traces := fs.Bool("otel-traces", true, "--otel, --otel-compare: a span per delivery (false: the metrics alone, a no-op tracer)")
 	_ = fs.Parse(args)
 	if *rounds < 1 {
 		return fmt.Errorf("bench: --otel-rounds %d: want at least 1", *rounds)
+	}
+	if *sample < 0 || *sample > 1 {
+		return fmt.Errorf("bench: --otel-sample %v: want a share from 0 to 1", *sample)
 	}
 	if *from != "" {
 		return chartFrom(*from, *driver, *svg, *title)
@@ -141,9 +149,13 @@ func benchCmd(args []string) error {
 					var r *bench.Result
 					var err error
 					if instrumented {
-						r, err = runOtel(c)
+						r, err = runOtel(c, *sample, *traces)
 					} else {
-						r, err = bench.Run(context.Background(), c)
+						base := c
+						if *compare {
+							base.Adapter = sameRows()
+						}
+						r, err = bench.Run(context.Background(), base)
 					}
 					if err != nil {
 						return fmt.Errorf("bench %s concurrency %d: %w", f, k, err)

@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/internal/bench"
 	"github.com/sqlxbroker/sqlxbroker/otelbroker"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 )
 
 // otelRun is the OpenTelemetry SDK set up for one bench run: a meter
@@ -23,12 +25,24 @@ type otelRun struct {
 	inst   *otelbroker.Instrumentation
 }
 
-func newOtelRun() (*otelRun, error) {
+// newOtelRun sets up the SDK; sample is the share of deliveries whose
+// span is recorded (1: all, 0: none; the tracer is asked for every span).
+// Without traces, the instrumentation has the no-op tracer provider: the
+// cost of the metrics alone.
+func newOtelRun(sample float64, traces bool) (*otelRun, error) {
 	o := &otelRun{reader: sdkmetric.NewManualReader()}
 	o.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(o.reader))
-	o.tp = sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()),
+	sampler := sdktrace.AlwaysSample()
+	if sample < 1 {
+		sampler = sdktrace.ParentBased(sdktrace.TraceIDRatioBased(sample))
+	}
+	o.tp = sdktrace.NewTracerProvider(sdktrace.WithSampler(sampler),
 		sdktrace.WithBatcher(tracetest.NewNoopExporter()))
-	inst, err := otelbroker.New(otelbroker.Options{MeterProvider: o.mp, TracerProvider: o.tp})
+	opts := otelbroker.Options{MeterProvider: o.mp, TracerProvider: o.tp}
+	if !traces {
+		opts.TracerProvider = tracenoop.NewTracerProvider()
+	}
+	inst, err := otelbroker.New(opts)
 	if err != nil {
 		return nil, err
 	}
@@ -77,8 +91,8 @@ func (o *otelRun) close() (int64, error) {
 
 // runOtel runs c with the otelbroker adapter and checks that its metrics
 // counted every delivery.
-func runOtel(c bench.Config) (*bench.Result, error) {
-	o, err := newOtelRun()
+func runOtel(c bench.Config, sample float64, traces bool) (*bench.Result, error) {
+	o, err := newOtelRun(sample, traces)
 	if err != nil {
 		return nil, err
 	}
@@ -95,6 +109,16 @@ func runOtel(c bench.Config) (*bench.Result, error) {
 		return nil, fmt.Errorf("bench: sqlxbroker.claimed reads %d after %d deliveries", claimed, r.Deliveries)
 	}
 	return r, nil
+}
+
+// sameRows is the adapter of a comparison's run without otelbroker: its
+// rows carry metadata of the size otelbroker's do (a W3C traceparent), so
+// the two runs drain the same rows and differ by the instrumentation alone.
+func sameRows() *bench.Adapter {
+	const traceparent = "traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	return &bench.Adapter{Broker: func(b *sqlxbroker.Broker) {
+		b.SetMetadataFunc(func(context.Context) string { return traceparent })
+	}}
 }
 
 // compareLine says what the adapter cost over rounds of runs without
