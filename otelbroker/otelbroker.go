@@ -56,6 +56,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 )
 
 // ScopeName is the instrumentation scope of the meter and tracer.
@@ -84,7 +85,7 @@ type Options struct {
 
 // Instrumentation holds the instruments; it is safe for concurrent use.
 type Instrumentation struct {
-	tracer trace.Tracer
+	tracer trace.Tracer // nil with the no-op tracer provider
 	prop   propagation.TextMapPropagator
 	meter  metric.Meter
 
@@ -146,6 +147,9 @@ func New(o Options) (*Instrumentation, error) {
 	}
 	i := &Instrumentation{tracer: o.TracerProvider.Tracer(ScopeName), prop: o.Propagator,
 		meter: o.MeterProvider.Meter(ScopeName), tallies: map[[2]string]*tally{}}
+	if _, ok := o.TracerProvider.(tracenoop.TracerProvider); ok {
+		i.tracer = nil // no spans: a delivery starts none
+	}
 	var errs []error
 	observables := make([]metric.Observable, 0, nCounters)
 	for k, d := range counterDefs {
@@ -273,41 +277,54 @@ type wrapped struct {
 	start     []trace.SpanStartOption
 }
 
-func (w *wrapped) handle(ctx context.Context, d *sqlxbroker.Delivery) (err error) {
+func (w *wrapped) handle(ctx context.Context, d *sqlxbroker.Delivery) error {
 	i := w.i
 	start := time.Now()
 	if r, ok := d.ReadyAt(); ok {
-		i.startDelay.Record(ctx, max(start.Sub(r), 0).Seconds(), w.rec...)
+		i.startDelay.Record(context.Background(), max(start.Sub(r), 0).Seconds(), w.rec...)
 	}
-	ctx, span := i.tracer.Start(ctx, w.name, w.start...)
-	if span.IsRecording() {
-		// The link is added to recorded spans only: a span the sampler
-		// drops costs no parse of the row's metadata.
-		span.SetAttributes(AttemptKey.Int(d.Attempt()))
-		if md := d.Metadata(); md != "" {
-			if sc := trace.SpanContextFromContext(i.prop.Extract(context.Background(), metaReader{s: md})); sc.IsValid() {
-				span.AddLink(trace.Link{SpanContext: sc})
+	var span trace.Span
+	if i.tracer != nil {
+		ctx, span = i.tracer.Start(ctx, w.name, w.start...)
+		if span.IsRecording() {
+			// The link is added to recorded spans only: a span the
+			// sampler drops costs no parse of the row's metadata.
+			span.SetAttributes(AttemptKey.Int(d.Attempt()))
+			if md := d.Metadata(); md != "" {
+				if sc := trace.SpanContextFromContext(i.prop.Extract(context.Background(), metaReader{s: md})); sc.IsValid() {
+					span.AddLink(trace.Link{SpanContext: sc})
+				}
 			}
 		}
 	}
+	var err error
 	returned := false
-	defer func() {
-		// A panic is not recovered here: the engine recovers it, with
-		// its stack, once this has run.
-		if !returned {
-			w.n.n[cPanics].Add(1)
-			span.SetStatus(codes.Error, "handler panic")
-		}
-		span.End()
-		i.handlerTime.Record(context.Background(), time.Since(start).Seconds(), w.rec...)
-	}()
+	// A panic is not recovered here: the engine recovers it, with its
+	// stack, once the deferred call has run.
+	defer func() { w.ended(start, span, err, returned) }()
 	err = w.h(ctx, d)
 	returned = true
-	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
-	}
 	return err
+}
+
+// ended records a handler's end: its duration, a panic (the handler did
+// not return), and its span's status (Error for an error or a panic) and
+// end.
+func (w *wrapped) ended(start time.Time, span trace.Span, err error, returned bool) {
+	if !returned {
+		w.n.n[cPanics].Add(1)
+	}
+	if span != nil {
+		switch {
+		case !returned:
+			span.SetStatus(codes.Error, "handler panic")
+		case err != nil && span.IsRecording():
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}
+	w.i.handlerTime.Record(context.Background(), time.Since(start).Seconds(), w.rec...)
 }
 
 func (w *wrapped) claim(c sqlxbroker.ClaimInfo) {

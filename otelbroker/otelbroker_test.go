@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -349,3 +351,82 @@ func find(rm metricdata.ResourceMetrics, name string) (metricdata.Metrics, bool)
 	}
 	return metricdata.Metrics{}, false
 }
+
+// TestPanic: a handler that panics is counted in sqlxbroker.panics and
+// retried, its span ends with status Error, and the engine still logs the
+// panic with the handler's own stack (the adapter does not recover it).
+func TestPanic(t *testing.T) {
+	db := databases[0].open(t)
+	b, err := sqlxbroker.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close(context.Background())
+	reader := sdkmetric.NewManualReader()
+	spans := tracetest.NewInMemoryExporter()
+	inst, err := otelbroker.New(otelbroker.Options{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := freshTable(t, b, sqlxbroker.Lease)
+	if err := b.Publish(context.Background(), db, tb, job{N: 1, Acct: "1"}); err != nil {
+		t.Fatal(err)
+	}
+	var stack []byte
+	var once sync.Once
+	done := make(chan struct{})
+	p := sqlxbroker.SubscribeParams{RetryDelay: func(int, error) time.Duration { return 0 }, Logger: slog.New(slog.DiscardHandler),
+		OnOutcome: func(_ *sqlxbroker.Delivery, o sqlxbroker.Outcome, _ error) {
+			var pe *sqlxbroker.PanicError
+			if errors.As(o.Err, &pe) {
+				stack = pe.Stack
+			}
+			if o.Kind == sqlxbroker.Succeeded {
+				close(done)
+			}
+		}}
+	s, err := inst.Subscribe(context.Background(), b, tb, func(context.Context, *sqlxbroker.Delivery) error {
+		first := false
+		once.Do(func() { first = true })
+		if first {
+			panicking()
+		}
+		return nil
+	}, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("not delivered twice: %+v", s.Stats())
+	}
+	if err := s.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(stack), "panicking") {
+		t.Errorf("the panic's stack lacks the handler's frame:\n%s", stack)
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	attrs := attribute.NewSet(otelbroker.TableKey.String(tb.Name), otelbroker.FormKey.String("lease"))
+	for name, w := range map[string]int64{"sqlxbroker.panics": 1, "sqlxbroker.retried": 1, "sqlxbroker.succeeded": 1, "sqlxbroker.claimed": 2} {
+		if got := sum(t, rm, name, attrs); got != w {
+			t.Errorf("%s = %d, want %d", name, got, w)
+		}
+	}
+	var statuses []string
+	for _, sp := range spans.GetSpans() {
+		statuses = append(statuses, sp.Status.Code.String()+" "+sp.Status.Description)
+	}
+	slices.Sort(statuses)
+	if want := []string{"Error handler panic", "Unset "}; !slices.Equal(statuses, want) {
+		t.Errorf("span statuses %q, want %q", statuses, want)
+	}
+}
+
+//go:noinline
+func panicking() { panic("boom") }
