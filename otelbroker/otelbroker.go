@@ -34,8 +34,12 @@
 //	sqlxbroker.start.delay        histogram s           ReadyAt to the handler's start
 //	sqlxbroker.rows               gauge     {row}       rows by state (RegisterRowGauge), with sqlxbroker.state
 //
-// Each counter is what the subscription's Stats counts of the same name.
-// sqlxbroker.start.delay needs a ReadyAt column (without one nothing is
+// Each counter is what the subscription's Stats counts of the same name,
+// summed over the subscriptions of one table and form. The counters are
+// observable: a delivery adds to an atomic tally, which the meter reads at
+// each collection. With the no-op tracer provider (trace/noop) no span is
+// started. See docs/observability.md for the span's attributes and the
+// measured cost. sqlxbroker.start.delay needs a ReadyAt column (without one nothing is
 // recorded): Publish writes the publish time there, so on a row's first
 // delivery it is the publish-to-start latency; a retry's ReadyAt is its
 // retry time, so later attempts measure the wait past it.

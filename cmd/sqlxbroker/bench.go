@@ -34,8 +34,8 @@ tight loop without the broker: what the database allows the form.
 meter and tracer provider, every span sampled and dropped by a no-op
 exporter) on a table with ReadyAt and Metadata columns; --otel-compare runs
 each run twice on such a table, without the adapter and then with it
-(--otel-rounds pairs, in alternating order), and prints the mean rates and
-their ratio.
+(--otel-rounds pairs, in alternating order), and prints the median rates
+and CPU per delivery and their ratios.
 --otel-sample records the spans of that share of the deliveries (the
 tracer's sampler: a share of the trace ids), as an application that samples
 its traces would; --otel-traces=false measures the metrics alone.
