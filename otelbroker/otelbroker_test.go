@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -430,3 +431,35 @@ func TestPanic(t *testing.T) {
 
 //go:noinline
 func panicking() { panic("boom") }
+
+// TestLibraryImportsNoOpenTelemetry: the library's packages (all but this
+// one and the command) compile none of OpenTelemetry, so an application
+// that does not import otelbroker does not either.
+func TestLibraryImportsNoOpenTelemetry(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}}", "github.com/sqlxbroker/sqlxbroker/...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	var lib []string
+	for _, p := range strings.Fields(string(out)) {
+		if !strings.Contains(p, "/otelbroker") && !strings.Contains(p, "/cmd/") && !strings.Contains(p, "/internal/") {
+			lib = append(lib, p)
+		}
+	}
+	if len(lib) < 5 {
+		t.Fatalf("go list found only %v", lib)
+	}
+	deps, err := exec.Command("go", append([]string{"list", "-deps"}, lib...)...).Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	if strings.Contains(string(deps), "go.opentelemetry.io") {
+		var bad []string
+		for _, d := range strings.Fields(string(deps)) {
+			if strings.HasPrefix(d, "go.opentelemetry.io") {
+				bad = append(bad, d)
+			}
+		}
+		t.Errorf("the library's packages %v depend on %v", lib, bad)
+	}
+}
