@@ -253,11 +253,13 @@ func (i *Instrumentation) Wrap(t sqlxbroker.Table, h sqlxbroker.Handler, p sqlxb
 	form := t.Form().String()
 	w := &wrapped{i: i, h: h, onClaim: p.OnClaim, onOutcome: p.OnOutcome, name: "process " + t.Name, n: i.tallyOf(t),
 		rec: []metric.RecordOption{metric.WithAttributes(TableKey.String(t.Name), FormKey.String(form))}}
-	w.start = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
+	w.start = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
+	w.attrs = []attribute.KeyValue{
 		attribute.String("messaging.system", "sqlxbroker"),
 		attribute.String("messaging.operation.type", "process"),
 		attribute.String("messaging.destination.name", t.Name),
-		FormKey.String(form))}
+		FormKey.String(form), {}, // the attempt's place
+	}
 	p.OnClaim, p.OnOutcome = w.claim, w.outcome
 	if h == nil {
 		return nil, p
@@ -279,6 +281,7 @@ type wrapped struct {
 	n         *tally
 	rec       []metric.RecordOption
 	start     []trace.SpanStartOption
+	attrs     []attribute.KeyValue // of recorded spans: set after the start, so an unsampled one costs no copy
 }
 
 func (w *wrapped) handle(ctx context.Context, d *sqlxbroker.Delivery) error {
@@ -291,9 +294,13 @@ func (w *wrapped) handle(ctx context.Context, d *sqlxbroker.Delivery) error {
 	if i.tracer != nil {
 		ctx, span = i.tracer.Start(ctx, w.name, w.start...)
 		if span.IsRecording() {
-			// The link is added to recorded spans only: a span the
-			// sampler drops costs no parse of the row's metadata.
-			span.SetAttributes(AttemptKey.Int(d.Attempt()))
+			// The attributes and the link are added to recorded spans
+			// only: a span the sampler drops costs no copy of them and
+			// no parse of the row's metadata.
+			var kv [8]attribute.KeyValue
+			attrs := append(kv[:0], w.attrs...)
+			attrs[len(attrs)-1] = AttemptKey.Int(d.Attempt())
+			span.SetAttributes(attrs...)
 			if md := d.Metadata(); md != "" {
 				if sc := trace.SpanContextFromContext(i.prop.Extract(context.Background(), metaReader{s: md})); sc.IsValid() {
 					span.AddLink(trace.Link{SpanContext: sc})
