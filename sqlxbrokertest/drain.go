@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,9 +30,9 @@ type DrainParams struct {
 	// DefaultDrainTimeout. The context given to Drain may end it sooner.
 	Timeout time.Duration
 
-	// Subscribe tunes the subscription (Concurrency, RetryDelay, Logger,
-	// ...), as Broker.Subscribe takes it. Its OnOutcome, when set, is
-	// called too.
+	// Subscribe tunes the subscription (Concurrency, RetryDelay, ...), as
+	// Broker.Subscribe takes it. Its OnOutcome, when set, is called too.
+	// Without a Logger, the subscription logs to the test's log (t.Logf).
 	Subscribe sqlxbroker.SubscribeParams
 }
 
@@ -96,8 +98,9 @@ const drainPoll = 20 * time.Millisecond
 // up) and Drain returns the result so far with an error that says how
 // many rows are left in which state. A bad p (no broker, no handler, a
 // message Publish refuses, a table Subscribe refuses) is an error before
-// anything runs, naming the problem. Drain calls t only for Helper and
-// Cleanup: it stops its subscription if the test ends first.
+// anything runs, naming the problem. Drain does not fail t: it logs the
+// subscription's lines to it (without a Logger of p's) and stops its
+// subscription in t's cleanup should the test end first.
 func Drain(ctx context.Context, t TB, p DrainParams) (DrainResult, error) {
 	t.Helper()
 	switch {
@@ -132,6 +135,9 @@ func Drain(ctx context.Context, t TB, p DrainParams) (DrainResult, error) {
 	var mu sync.Mutex
 	var res DrainResult
 	sp := p.Subscribe
+	if sp.Logger == nil {
+		sp.Logger = slog.New(slog.NewTextHandler(logWriter{t}, nil))
+	}
 	user := sp.OnOutcome
 	sp.OnOutcome = func(d *sqlxbroker.Delivery, o sqlxbroker.Outcome, err error) {
 		mu.Lock()
@@ -182,15 +188,16 @@ func Drain(ctx context.Context, t TB, p DrainParams) (DrainResult, error) {
 		case <-dctx.Done():
 			err = nil
 		}
-		// Stopped early: report what is left.
+		// Stopped early: report what is left, at the deadline and after.
+		at, aerr := b.Counts(context.Background(), p.Table)
+		if aerr != nil {
+			at = last
+		}
+		inflight := sub.InFlight()
 		serr := stopNow()
 		finish(&res, &mu, sub)
 		left, cerr := b.Counts(context.Background(), p.Table)
-		if cerr == nil {
-			res.Left = left
-		} else {
-			left = last
-		}
+		res.Left = left
 		why := fmt.Sprintf("the deadline (%v) passed", p.Timeout)
 		switch {
 		case err != nil:
@@ -198,9 +205,10 @@ func Drain(ctx context.Context, t TB, p DrainParams) (DrainResult, error) {
 		case ctx.Err() != nil:
 			why = "the context ended (" + ctx.Err().Error() + ")"
 		}
-		msg := fmt.Sprintf("sqlxbrokertest: Drain %s: %s before the table drained: %s left when it stopped (claimed %d, succeeded %d, retried %d, dead %d, released at the stop %d)",
-			p.Table.Name, why, describe(left), res.Stats.Claimed, res.Stats.Succeeded, res.Stats.Retried, res.Stats.Dead, res.Stats.Released)
-		return res, errors.Join(errors.New(msg), lastErr, cerr, serr)
+		msg := fmt.Sprintf("sqlxbrokertest: Drain %s: %s before the table drained: %s (%d deliveries in flight); after the stop: %s (claimed %d, succeeded %d, retried %d, dead %d, released at the stop %d)",
+			p.Table.Name, why, describe(&p.Table, at), inflight, describe(&p.Table, left),
+			res.Stats.Claimed, res.Stats.Succeeded, res.Stats.Retried, res.Stats.Dead, res.Stats.Released)
+		return res, errors.Join(errors.New(msg), lastErr, aerr, cerr, serr)
 	}
 	// Drained: stop, with time for completions in progress.
 	sctx, scancel := context.WithTimeout(context.Background(), p.Timeout)
@@ -215,6 +223,14 @@ func Drain(ctx context.Context, t TB, p DrainParams) (DrainResult, error) {
 	return res, nil
 }
 
+// logWriter writes each line a slog handler writes to the test's log.
+type logWriter struct{ t TB }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.t.Logf("%s", strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
+}
+
 // finish copies the stopped subscription's counts into res.
 func finish(res *DrainResult, mu *sync.Mutex, sub *sqlxbroker.Subscription) {
 	mu.Lock()
@@ -222,14 +238,22 @@ func finish(res *DrainResult, mu *sync.Mutex, sub *sqlxbroker.Subscription) {
 	res.Stats = sub.Stats()
 }
 
-// describe says how many rows are in each state, naming the states the
-// table has rows in.
-func describe(c sqlxbroker.Counts) string {
+// describe says how many rows are in each state the table can tell.
+func describe(t *sqlxbroker.Table, c sqlxbroker.Counts) string {
 	s := fmt.Sprintf("%d ready", c.Ready)
 	if c.InWorkKnown {
 		s += fmt.Sprintf(", %d in work", c.InWork)
 	} else {
 		s += " (rows in work counted as ready)"
 	}
-	return s + fmt.Sprintf(", %d scheduled, %d dead, %d done", c.Scheduled, c.Dead, c.Done)
+	if t.ReadyAt != "" {
+		s += fmt.Sprintf(", %d scheduled", c.Scheduled)
+	}
+	if t.DeadAt != "" {
+		s += fmt.Sprintf(", %d dead", c.Dead)
+	}
+	if t.DoneAt != "" {
+		s += fmt.Sprintf(", %d done", c.Done)
+	}
+	return s
 }

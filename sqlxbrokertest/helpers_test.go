@@ -73,6 +73,18 @@ func eachDatabase(t *testing.T, f func(t *testing.T, db database, b *sqlxbroker.
 	}
 }
 
+// onSQLite runs f on SQLite alone, for what does not depend on the
+// database.
+func onSQLite(t *testing.T, f func(t *testing.T, b *sqlxbroker.Broker)) {
+	db := databases[0].open(t)
+	b, err := sqlxbroker.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close(context.Background()) })
+	f(t, b)
+}
+
 var seq atomic.Int64
 
 // name returns a table name of its own for this run.
