@@ -21,7 +21,8 @@ import (
 func TestDrainOutcomes(t *testing.T) {
 	eachDatabase(t, func(t *testing.T, db database, b *sqlxbroker.Broker) {
 		ctx := context.Background()
-		desc := sqlxbroker.Table{DeadAt: "dead_at", MaxAttempts: 3}
+		// A retry is ready at once (RetryDelay 0), so the drain sees it.
+		desc := sqlxbroker.Table{ReadyAt: "ready_at", DeadAt: "dead_at", MaxAttempts: 3}
 		if !db.rowLock {
 			desc.LockedUntil = "locked_until"
 		}
@@ -62,7 +63,7 @@ func TestDrainOutcomes(t *testing.T) {
 			return fail(j.N, d.Attempt())
 		}
 		res, err := sqlxbrokertest.Drain(ctx, t, sqlxbrokertest.DrainParams{Broker: b, Table: tbl, Handler: h, Messages: msgs,
-			Timeout: 30 * time.Second, Subscribe: sqlxbroker.SubscribeParams{Concurrency: 4}})
+			Timeout: 30 * time.Second, Subscribe: sqlxbroker.SubscribeParams{Concurrency: 4, RetryDelay: func(int, error) time.Duration { return 0 }}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -101,7 +102,7 @@ func TestDrainOutcomes(t *testing.T) {
 				t.Errorf("delivery %v: outcome %s with handler error %v", hd.ID, hd.Kind, hd.Err)
 			}
 		}
-		if res.Left.Ready != 0 || res.Left.InWork != 0 || res.Left.Dead != wantDead {
+		if res.Left.Ready != 0 || res.Left.InWork != 0 || res.Left.Scheduled != 0 || res.Left.Dead != wantDead {
 			t.Errorf("left %+v; want nothing ready or in work, %d dead", res.Left, wantDead)
 		}
 		left := jobsByN(t, b.DB(), tbl)
@@ -138,7 +139,7 @@ func TestDrainDeadline(t *testing.T) {
 		begin := time.Now()
 		res, err := sqlxbrokertest.Drain(ctx, t, sqlxbrokertest.DrainParams{Broker: b, Table: tbl, Handler: h,
 			Messages: []any{map[string]any{"n": 1}, map[string]any{"n": 2}, map[string]any{"n": 3}},
-			Timeout:  300 * time.Millisecond, Subscribe: sqlxbroker.SubscribeParams{Concurrency: 1}})
+			Timeout:  500 * time.Millisecond, Subscribe: sqlxbroker.SubscribeParams{Concurrency: 1}})
 		if err == nil {
 			t.Fatal("Drain returned no error with a handler that never finishes")
 		}
@@ -196,6 +197,24 @@ func TestDrainRefusesBadParams(t *testing.T) {
 		_, err := sqlxbrokertest.Drain(ctx, t, sqlxbrokertest.DrainParams{Broker: b, Table: sqlxbroker.Table{Name: "bad name"}, Handler: ok})
 		if !errors.As(err, &e) {
 			t.Errorf("a bad description: %v; want a *sqlxbroker.TableError", err)
+		}
+	})
+}
+
+// TestDrainLeavesScheduledRetries: a failure retried later is not
+// claimable, so the drain ends with the row scheduled.
+func TestDrainLeavesScheduledRetries(t *testing.T) {
+	onSQLite(t, func(t *testing.T, b *sqlxbroker.Broker) {
+		tbl := newTable(t, b, sqlxbroker.Table{LockedUntil: "locked_until", ReadyAt: "ready_at"}, [2]string{"n", "bigint"})
+		msgs := []any{map[string]any{"n": 1}, map[string]any{"n": 2}}
+		res, err := sqlxbrokertest.Drain(context.Background(), t, sqlxbrokertest.DrainParams{Broker: b, Table: tbl, Messages: msgs,
+			Handler: func(context.Context, *sqlxbroker.Delivery) error { return errors.New("not yet") }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := int64(len(msgs))
+		if res.Stats.Retried != n || res.Left.Scheduled != n || res.Left.Ready != 0 || len(res.IDs(sqlxbroker.Retry)) != len(msgs) {
+			t.Errorf("stats %+v, left %+v; want %d retried and scheduled", res.Stats, res.Left, n)
 		}
 	})
 }

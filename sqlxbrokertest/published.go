@@ -250,8 +250,8 @@ func requirePublished(q Querier, table sqlxbroker.Table, want []any) (string, er
 		return "{" + strings.Join(parts, ", ") + "}"
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "table %s holds %d rows, %d wanted; %d wanted rows missing (-), %d rows not wanted (+):",
-		table.Name, len(r.rows), len(wants), len(missing), len(extra))
+	fmt.Fprintf(&b, "table %s holds %s, %d wanted; missing (-): %d, not wanted (+): %d",
+		table.Name, rowsText(len(r.rows)), len(wants), len(missing), len(extra))
 	for _, wi := range missing {
 		fmt.Fprintf(&b, "\n  - want[%d] %s", wi, &wants[wi])
 		best, bestDiff := -1, []string(nil)
@@ -268,6 +268,13 @@ func requirePublished(q Querier, table sqlxbroker.Table, want []any) (string, er
 		fmt.Fprintf(&b, "\n  + row %s", rowText(i))
 	}
 	return b.String(), nil
+}
+
+func rowsText(n int) string {
+	if n == 1 {
+		return "1 row"
+	}
+	return fmt.Sprintf("%d rows", n)
 }
 
 // show formats a driver value for a message: text quoted, times in

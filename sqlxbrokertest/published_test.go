@@ -95,7 +95,7 @@ func TestRequirePublishedReportsDifferences(t *testing.T) {
 		f = runFake(func(ft sqlxbrokertest.TB) {
 			sqlxbrokertest.RequirePublished(ft, tx, tbl, signup{Email: "alan@example.com", Plan: 1})
 		})
-		wantFailure(t, f, "holds 2 rows, 1 wanted", "0 wanted rows missing (-), 1 rows not wanted (+)", `email="ada@example.com"`)
+		wantFailure(t, f, "holds 2 rows, 1 wanted", "missing (-): 0, not wanted (+): 1", `email="ada@example.com"`)
 
 		// An empty table wanted.
 		f = runFake(func(ft sqlxbrokertest.TB) { sqlxbrokertest.RequirePublished(ft, tx, tbl) })
