@@ -12,9 +12,10 @@ import (
 	"github.com/sqlxbroker/sqlxbroker/core"
 )
 
-// maxPassed is the most ready rows NewRowLockDelivery holds while it looks
-// for the row it was asked for.
-const maxPassed = 64
+// MaxPassed is the most ready rows NewRowLockDelivery claims on the way to
+// the row it was asked for: each holds a transaction, and so a connection,
+// until the row is found.
+const MaxPassed = 16
 
 // claimTimeout bounds the claims and the completion of a RowLockDelivery.
 const claimTimeout = 30 * time.Second
@@ -43,11 +44,11 @@ type RowLockDelivery struct {
 // row-lock form, as a subscription would: in a claim transaction, locked
 // FOR UPDATE SKIP LOCKED, its attempt read from the row. Ready rows that
 // come before it in the claim order are claimed on the way and released at
-// once (rolled back, their attempts unchanged). It fails the test (Fatalf)
-// when table is not a row-lock table or the dialect has no row-lock form
-// (SQLite), when the row is not claimable (missing, not yet ready, dead,
-// done, or locked by another transaction), or when more than 64 ready rows
-// come before it.
+// once it is found (rolled back, their attempts unchanged). It fails the
+// test (Fatalf) when table is not a row-lock table or the dialect has no
+// row-lock form (SQLite), when the row is not claimable (missing, not yet
+// ready, dead, done, or locked by another transaction), or when more than
+// MaxPassed ready rows come before it.
 func NewRowLockDelivery(t TB, b *sqlxbroker.Broker, table sqlxbroker.Table, id any) *RowLockDelivery {
 	t.Helper()
 	d, err := newRowLockDelivery(t, b, table, id)
@@ -114,10 +115,10 @@ func newRowLockDelivery(t TB, b *sqlxbroker.Broker, table sqlxbroker.Table, id a
 			return d, nil
 		}
 		passed = append(passed, c)
-		if len(passed) > maxPassed {
+		if len(passed) > MaxPassed {
 			release()
 			form.Close()
-			return nil, fmt.Errorf("more than %d ready rows of %s come before row %s in the claim order", maxPassed, table.Name, show(want))
+			return nil, fmt.Errorf("more than %d ready rows of %s come before row %s in the claim order (MaxPassed)", MaxPassed, table.Name, show(want))
 		}
 	}
 }

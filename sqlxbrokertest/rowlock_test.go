@@ -161,3 +161,41 @@ func TestRowLockDeliveryTxWrites(t *testing.T) {
 		}
 	})
 }
+
+// TestRowLockDeliveryPassesAtMostMaxPassed: the row after MaxPassed ready
+// rows is found, the one after more is refused, saying why, and every row
+// passed on the way is left as it was.
+func TestRowLockDeliveryPassesAtMostMaxPassed(t *testing.T) {
+	eachDatabase(t, func(t *testing.T, db database, b *sqlxbroker.Broker) {
+		if !db.rowLock {
+			t.Skipf("%s has no row-lock form", db.name)
+		}
+		tbl := newTable(t, b, sqlxbroker.Table{}, [2]string{"n", "bigint"})
+		var msgs []any
+		for n := 1; n <= sqlxbrokertest.MaxPassed+2; n++ {
+			msgs = append(msgs, map[string]any{"n": n})
+		}
+		if err := b.Publish(context.Background(), b.DB(), tbl, msgs...); err != nil {
+			t.Fatal(err)
+		}
+		jobs := jobsByN(t, b.DB(), tbl)
+		last := int64(sqlxbrokertest.MaxPassed + 2)
+		f := runFake(func(ft sqlxbrokertest.TB) { sqlxbrokertest.NewRowLockDelivery(ft, b, tbl, jobs[last].ID) })
+		wantFailure(t, f, fmt.Sprintf("more than %d ready rows", sqlxbrokertest.MaxPassed), "MaxPassed")
+		d := sqlxbrokertest.NewRowLockDelivery(t, b, tbl, jobs[last-1].ID)
+		var j job
+		if err := d.Scan(&j); err != nil || j.N != last-1 {
+			t.Errorf("claimed the row with n %d (%v), want %d", j.N, err, last-1)
+		}
+		d.Succeed()
+		after := jobsByN(t, b.DB(), tbl)
+		for n, j := range after {
+			if j.Attempt != 1 {
+				t.Errorf("job %d passed on the way has attempt %d, want 1", n, j.Attempt)
+			}
+		}
+		if _, ok := after[last-1]; ok || len(after) != len(msgs)-1 {
+			t.Errorf("%d jobs left (job %d among them: %v); want all but the one completed", len(after), last-1, ok)
+		}
+	})
+}
