@@ -17,6 +17,7 @@ import (
 	_ "github.com/sqlxbroker/sqlxbroker/dialects/mysql"
 	"github.com/sqlxbroker/sqlxbroker/dialects/postgres"
 	"github.com/sqlxbroker/sqlxbroker/dialects/sqlite"
+	"github.com/sqlxbroker/sqlxbroker/internal/testreport"
 	"github.com/sqlxbroker/sqlxbroker/sqlxbrokertest"
 )
 
@@ -33,6 +34,7 @@ type database struct {
 // SQLXBROKER_REQUIRE_DB=1 makes a missing one a failure.
 var databases = []database{
 	{"SQLite", false, func(t *testing.T) *sqlx.DB {
+		testreport.Tested(t, "SQLite", "a file in a temporary directory")
 		db, err := sqlite.Open(filepath.Join(t.TempDir(), "test.db"))
 		if err != nil {
 			t.Fatal(err)

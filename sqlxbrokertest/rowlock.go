@@ -88,7 +88,7 @@ func newRowLockDelivery(t TB, b *sqlxbroker.Broker, table sqlxbroker.Table, id a
 	for {
 		cs, err := form.Claim(ctx, 1)
 		if err == nil && len(cs) == 0 {
-			err = fmt.Errorf("row %s of %s is not claimable: not in the table, not ready yet (ReadyAt), dead, done, or locked by another transaction (%d ready rows before it)",
+			err = fmt.Errorf("row %s of %s is not claimable: not in the table, not ready yet (ReadyAt), dead, done, or locked by another transaction (%d other ready rows claimed and released)",
 				show(want), table.Name, len(passed))
 		}
 		if err != nil {

@@ -152,7 +152,7 @@ func TestRowLockDeliveryTxWrites(t *testing.T) {
 		}
 		// A missing row, and a bad ID.
 		f = runFake(func(ft sqlxbrokertest.TB) { sqlxbrokertest.NewRowLockDelivery(ft, b, tbl, jobs[3].ID+1000) })
-		wantFailure(t, f, "is not claimable", "2 ready rows before it")
+		wantFailure(t, f, "is not claimable", "2 other ready rows claimed and released")
 		f = runFake(func(ft sqlxbrokertest.TB) { sqlxbrokertest.NewRowLockDelivery(ft, b, tbl, nil) })
 		wantFailure(t, f, "is not a row ID")
 		// The rows passed on the way are all claimable again.
