@@ -140,3 +140,20 @@ func (c *claim) Tx() (*sqlx.Tx, error) {
 func (c *claim) OnLost(func()) {}
 
 func (c *claim) Complete(_ context.Context, _ core.Outcome, done func(error)) { done(nil) }
+
+// BeginTx begins a transaction on db for a test, to pass as
+// DeliveryParams.Tx or to publish in: it is rolled back when the test ends
+// unless the test committed or rolled it back before. An error fails the
+// test.
+func BeginTx(t TB, db *sqlx.DB) *sqlx.Tx {
+	t.Helper()
+	if db == nil {
+		t.Fatalf("sqlxbrokertest: BeginTx: nil db")
+	}
+	tx, err := db.Beginx()
+	if err != nil {
+		t.Fatalf("sqlxbrokertest: BeginTx: %v", err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback() })
+	return tx
+}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/dialects/sqlite"
 	"github.com/sqlxbroker/sqlxbroker/sqlxbrokertest"
@@ -126,4 +127,35 @@ func TestNewDeliveryRefusesBadInput(t *testing.T) {
 		sqlxbrokertest.NewDelivery(t, sqlxbrokertest.DeliveryParams{Row: 5})
 	})
 	wantFailure(t, f, "struct or map")
+}
+
+// TestBeginTx: a handler given a fake delivery with a test transaction
+// writes through it; the write is kept when the test commits and gone
+// when the test leaves the transaction to its cleanup.
+func TestBeginTx(t *testing.T) {
+	eachDatabase(t, func(t *testing.T, _ database, b *sqlxbroker.Broker) {
+		auditTable := newAudit(t, b)
+		h := auditHandler(b.Dialect().QuoteIdent(auditTable), never)
+		write := func(ft sqlxbrokertest.TB, tx *sqlx.Tx, n int64) {
+			d := sqlxbrokertest.NewDelivery(ft, sqlxbrokertest.DeliveryParams{Row: map[string]any{"n": n}, Tx: tx})
+			if err := h(context.Background(), d); err != nil {
+				ft.Fatalf("handler: %v", err)
+			}
+		}
+		f := runFake(func(ft sqlxbrokertest.TB) {
+			tx := sqlxbrokertest.BeginTx(ft, b.DB())
+			write(ft, tx, 1)
+			if err := tx.Commit(); err != nil {
+				ft.Fatalf("commit: %v", err)
+			}
+			// One writer at a time on SQLite: the next after the commit.
+			write(ft, sqlxbrokertest.BeginTx(ft, b.DB()), 2)
+		})
+		if f.failed {
+			t.Fatal(f.message())
+		}
+		if got := audits(t, b.DB(), auditTable); len(got) != 1 || got[0].Job != 1 {
+			t.Errorf("audit rows %+v; want job 1's (committed) only, job 2's rolled back at cleanup", got)
+		}
+	})
 }

@@ -4,7 +4,8 @@
 //   - NewDelivery builds a *sqlxbroker.Delivery from a struct or a map, so
 //     a handler can be called directly: ID, Attempt, Key, Columns, Value
 //     and Scan behave as a claimed row's do, and Tx returns the
-//     transaction given (sqlxbroker.ErrNoTx without one).
+//     transaction given (sqlxbroker.ErrNoTx without one; BeginTx opens one
+//     that the test's cleanup rolls back).
 //   - NewRowLockDelivery claims a given row of a row-lock table for real:
 //     SELECT .. FOR UPDATE in a claim transaction that Delivery.Tx returns,
 //     so a handler's writes through Tx can be committed with the row's
