@@ -252,7 +252,7 @@ func (i *Instrumentation) Subscribe(ctx context.Context, b *sqlxbroker.Broker, t
 func (i *Instrumentation) Wrap(t sqlxbroker.Table, h sqlxbroker.Handler, p sqlxbroker.SubscribeParams) (sqlxbroker.Handler, sqlxbroker.SubscribeParams) {
 	form := t.Form().String()
 	w := &wrapped{i: i, h: h, onClaim: p.OnClaim, onOutcome: p.OnOutcome, name: "process " + t.Name, n: i.tallyOf(t),
-		rec: []metric.RecordOption{metric.WithAttributes(TableKey.String(t.Name), FormKey.String(form))}}
+		rec: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(TableKey.String(t.Name), FormKey.String(form)))}}
 	w.start = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
 	w.attrs = []attribute.KeyValue{
 		attribute.String("messaging.system", "sqlxbroker"),
