@@ -463,3 +463,38 @@ func TestLibraryImportsNoOpenTelemetry(t *testing.T) {
 		t.Errorf("the library's packages %v depend on %v", lib, bad)
 	}
 }
+
+// TestMetadataRoundTrip: the text Metadata writes for a span (traceparent
+// and tracestate lines) reads back as the same remote span context; a
+// context without a span writes nothing, and text without a trace context
+// reads as none.
+func TestMetadataRoundTrip(t *testing.T) {
+	inst, err := otelbroker.New(otelbroker.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, err := trace.ParseTraceState("vendor=a1,other=b2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1, 2, 3}, SpanID: trace.SpanID{4, 5, 6},
+		TraceFlags: trace.FlagsSampled, TraceState: ts})
+	md := inst.Metadata(trace.ContextWithSpanContext(context.Background(), sc))
+	lines := strings.Split(md, "\n")
+	slices.Sort(lines)
+	if want := []string{"traceparent: 00-01020300000000000000000000000000-0405060000000000-01", "tracestate: vendor=a1,other=b2"}; !slices.Equal(lines, want) {
+		t.Errorf("Metadata wrote %q", md)
+	}
+	got := trace.SpanContextFromContext(inst.Extract(context.Background(), md))
+	if !got.IsRemote() || !got.Equal(sc.WithRemote(true)) {
+		t.Errorf("Extract(%q) = %+v, want %+v", md, got, sc)
+	}
+	if md := inst.Metadata(context.Background()); md != "" {
+		t.Errorf("Metadata without a span wrote %q", md)
+	}
+	for _, text := range []string{"", "request 42", "traceparent: junk"} {
+		if got := trace.SpanContextFromContext(inst.Extract(context.Background(), text)); got.IsValid() {
+			t.Errorf("Extract(%q) = %+v, want no span context", text, got)
+		}
+	}
+}
