@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/sqlxbroker/sqlxbroker/core"
@@ -22,6 +23,8 @@ type Broker struct {
 	pool    *core.Pool
 
 	local wake.Fanout // in-process wake-ups: each subscription's wake channel, by table
+
+	metadata atomic.Pointer[MetadataFunc] // SetMetadataFunc's; nil: none
 
 	mu     sync.Mutex
 	closed bool

@@ -161,6 +161,7 @@ func Scenarios() []Scenario {
 		{"PublishFields", all, PublishFields},
 		{"PublishDuplicates", all, PublishDuplicates},
 		{"PublishReadyAt", all, PublishReadyAt},
+		{"PublishMetadata", all, PublishMetadata},
 		{"PoolLifecycle", all, PoolLifecycle},
 		{"SessionLoss", all, SessionLoss},
 		{"SessionCrash", all, SessionCrash},

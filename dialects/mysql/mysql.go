@@ -602,6 +602,9 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	if pl.LastError != "" {
 		add(pl.LastError, "TEXT NULL")
 	}
+	if pl.Metadata != "" {
+		add(pl.Metadata, "TEXT NULL")
+	}
 	for _, c := range pl.OrderColumns() {
 		add(c, "BIGINT")
 	}

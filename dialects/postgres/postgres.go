@@ -380,7 +380,7 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	fixed := [][2]string{
 		{pl.ID, "bigserial PRIMARY KEY"}, {pl.Attempt, "integer NOT NULL DEFAULT 1"},
 		{pl.LockedUntil, "timestamptz"}, {pl.ReadyAt, "timestamptz"}, {pl.DeadAt, "timestamptz"}, {pl.DoneAt, "timestamptz"},
-		{pl.LastError, "text"},
+		{pl.LastError, "text"}, {pl.Metadata, "text"},
 	}
 	for _, c := range fixed {
 		if c[0] != "" {
