@@ -401,11 +401,8 @@ func preparesStatements(ctx context.Context, db *sqlx.DB) (bool, error) {
 const (
 	// leaseLock picks and locks the rows to claim (%[4]s is p.Where).
 	leaseLock = "SELECT %[1]s.%[2]s FROM %[3]s %[1]s WHERE %[4]s ORDER BY %[5]s LIMIT %[6]d FOR UPDATE SKIP LOCKED"
-	// leaseSet writes the deadline and counts the attempt of the locked
-	// ids that are still claimable (%[8]s is p.Where, or 1=1 on a FIFO
-	// table, whose condition reads the table again: MySQL 8 refuses that
-	// in an UPDATE of it, error 1093).
-	leaseSet = "UPDATE %[1]s %[7]s SET %[7]s.%[2]s = ?, %[7]s.%[3]s = %[6]s WHERE %[7]s.%[4]s IN (%[5]s) AND %[8]s"
+	// leaseSet writes the deadline and counts the attempt of the locked ids.
+	leaseSet = "UPDATE %[1]s SET %[2]s = ?, %[3]s = %[6]s WHERE %[4]s IN (%[5]s)"
 	// leaseRead returns the claimed rows as they now are: those holding
 	// the claim's deadline.
 	leaseRead = "SELECT * FROM %[1]s WHERE %[2]s IN (%[3]s) AND %[5]s = ? ORDER BY %[4]s"
@@ -414,12 +411,11 @@ const (
 // ClaimLeases locks up to p.Limit claimable rows, skipping held ones, sets
 // their deadline and attempt in one UPDATE, and re-reads them, all in tx.
 //
-// The UPDATE keeps the claim's condition (outside FIFO tables) and the
-// re-read returns only the rows holding p.Deadline: a claim whose
+// The re-read returns only the rows holding p.Deadline: a claim whose
 // transaction was rolled back between its statements without the next one
-// saying so (see checkCluster) takes no row another claim holds and returns
-// none; one whose UPDATE changes none of the rows it locked fails with
-// ErrConflict.
+// saying so (see checkCluster) returns none. (The UPDATE does not repeat
+// the claim's condition: it could then take another plan than the
+// primary key and wait for rows other claims hold.)
 func (Dialect) ClaimLeases(ctx context.Context, on sqlx.ExtContext, p *core.LeaseClaimParams) (*sqlx.Rows, error) {
 	pl := p.Plan
 	var ids []any
@@ -430,18 +426,9 @@ func (Dialect) ClaimLeases(ctx context.Context, on sqlx.ExtContext, p *core.Leas
 	in := "NULL" // no row: the read returns none, with the table's columns
 	if len(ids) > 0 {
 		in = "?" + strings.Repeat(", ?", len(ids)-1)
-		still, stillArgs := p.Where, p.Args
-		if pl.QGroup != "" {
-			still, stillArgs = "1=1", nil
-		}
-		set := fmt.Sprintf(leaseSet, pl.QTable, pl.QLockedUntil, pl.QAttempt, pl.QID, in, pl.NextAttempt(pl.Alias), pl.Alias, still)
-		args := append(append([]any{p.Deadline}, ids...), stillArgs...)
-		res, err := on.ExecContext(ctx, set, args...)
-		if err != nil {
+		set := fmt.Sprintf(leaseSet, pl.QTable, pl.QLockedUntil, pl.QAttempt, pl.QID, in, pl.NextAttempt(""))
+		if _, err := on.ExecContext(ctx, set, append([]any{p.Deadline}, ids...)...); err != nil {
 			return nil, err
-		}
-		if n, err := res.RowsAffected(); err == nil && n == 0 {
-			return nil, fmt.Errorf("sqlxbroker: mysql: lease claim: none of the %d rows locked was still claimable at its UPDATE: the transaction was rolled back (a Galera node aborts one for another node's write set): %w", len(ids), core.ErrConflict)
 		}
 	}
 	return on.QueryxContext(ctx, fmt.Sprintf(leaseRead, pl.QTable, pl.QID, in, pl.OrderBy(""), pl.QLockedUntil), append(ids, p.Deadline)...)
