@@ -38,7 +38,9 @@
 // whose nodes all take writes, Start refuses the row-lock and advisory
 // forms with a *sqlxbroker.FormError: row locks and GET_LOCK are each
 // node's own, and a conflict between nodes shows only at COMMIT. The lease
-// form works across nodes: a claim commits before its rows are handed out,
+// form works across nodes, on a pool with interpolateParams=true (Start
+// refuses one that prepares statements, see checkCluster): a claim
+// commits before its rows are handed out,
 // and one that loses certification (error 1213 at COMMIT) delivers nothing
 // and is made again (Conflict); a completion that loses is run again, its
 // fence on the lease token keeping it from taking effect twice. See
