@@ -534,6 +534,18 @@ func (t hookTx) Commit() error {
 	return t.Tx.Commit()
 }
 
+// TestGaleraFIFOTwoNodes: FIFO groups of a lease table drained by brokers
+// on two nodes keep their order and run one row of a group at a time
+// (fifoTwoBrokers): two claims of a group's head on two nodes conflict on
+// that row, and the loser delivers nothing.
+func TestGaleraFIFOTwoNodes(t *testing.T) {
+	dsns := galeraDSNs(t)
+	b1, b2 := openBroker(t, openDB(t, textDSN(dsns[0]))), openBroker(t, openDB(t, textDSN(dsns[1])))
+	tbl := newTable(t, b1, sqlxbroker.Table{LockedUntil: "locked_until", Group: "grp"}, payload...)
+	waitTable(t, b2.DB(), tbl.Name)
+	fifoTwoBrokers(t, b1, b2, tbl)
+}
+
 // TestGaleraConformanceLease runs the shared suite's lease form against one
 // node of the cluster (the other forms are refused there), at the short
 // volumes unless SQLXBROKER_GALERA_FULL=1: the full ones take minutes on a
