@@ -132,6 +132,7 @@ type Stats struct {
 	Snoozed        int64 // rows a handler snoozed (Snooze)
 	LeaseLost      int64 // completions that found the hold lost
 	ClaimErrors    int64 // failed claims
+	Conflicts      int64 // claims that lost to a concurrent transaction (ErrConflict), made again; not in ClaimErrors
 	CompleteErrors int64 // completions that failed otherwise
 	Panics         int64 // handler panics (counted as failures too)
 }
@@ -173,7 +174,7 @@ type Subscription struct {
 	stopErr    error
 
 	claimed, succeeded, retried, dead, released, snoozed, lost atomic.Int64
-	claimErrs, completeErrs, panics                            atomic.Int64
+	claimErrs, completeErrs, panics, conflicts                 atomic.Int64
 }
 
 // subscribe starts form and runs h for every row it claims from table t
@@ -225,7 +226,7 @@ func (s *Subscription) Done() <-chan struct{} { return s.done }
 func (s *Subscription) Stats() Stats {
 	return Stats{Claimed: s.claimed.Load(), Succeeded: s.succeeded.Load(), Retried: s.retried.Load(),
 		Dead: s.dead.Load(), Released: s.released.Load(), Snoozed: s.snoozed.Load(), LeaseLost: s.lost.Load(),
-		ClaimErrors: s.claimErrs.Load(), CompleteErrors: s.completeErrs.Load(), Panics: s.panics.Load()}
+		ClaimErrors: s.claimErrs.Load(), Conflicts: s.conflicts.Load(), CompleteErrors: s.completeErrs.Load(), Panics: s.panics.Load()}
 }
 
 // InFlight is the number of deliveries whose handler or completion runs.
@@ -271,6 +272,7 @@ func (s *Subscription) Stop(ctx context.Context) error {
 func (s *Subscription) loop(first bool) {
 	defer s.loops.Done()
 	idle := s.p.MinPollInterval
+	conflicts := 0 // claims in a row that ended in ErrConflict
 	// A form that claims a batch in one statement claims once half a batch
 	// of handlers is free while work is in flight, so claims are not made
 	// one row at a time. A form that claims row by row claims as soon as a
@@ -317,11 +319,19 @@ func (s *Subscription) loop(first bool) {
 			continue
 		}
 		if err != nil && s.claimCtx.Err() == nil {
-			s.claimFailed(err)
+			// A claim that lost to a concurrent transaction delivered
+			// nothing: claim again at once, a few times in a row, then
+			// wait as after any error.
+			if s.claimFailed(err) && conflicts < conflictsAtOnce {
+				conflicts++
+				continue
+			}
+			conflicts = 0
 			s.sleep(idle, nil)
 			idle = min(idle*2, s.p.PollInterval)
 			continue
 		}
+		conflicts = 0
 		switch {
 		case len(claims) == n:
 			idle = s.p.MinPollInterval
@@ -355,9 +365,21 @@ func (s *Subscription) claim(n int) ([]core.Claim, error) {
 	return claims, err
 }
 
-func (s *Subscription) claimFailed(err error) {
+// conflictsAtOnce is how many claims in a row that end in ErrConflict are
+// made again at once.
+const conflictsAtOnce = 3
+
+// claimFailed counts and logs a failed claim, and reports whether it was a
+// conflict (ErrConflict: counted apart, logged at debug level).
+func (s *Subscription) claimFailed(err error) bool {
+	if errors.Is(err, ErrConflict) {
+		s.conflicts.Add(1)
+		s.log.Debug("sqlxbroker: claim lost to a concurrent transaction, claiming again", "table", s.table.Name, "form", s.table.Form().String(), "err", err)
+		return true
+	}
 	s.claimErrs.Add(1)
 	s.log.Error("sqlxbroker: claim failed", "table", s.table.Name, "form", s.table.Form().String(), "err", err)
+	return false
 }
 
 // next claims the next row for a worker whose delivery just completed, in

@@ -49,6 +49,13 @@ var (
 	// the message names the dialect and the capability. Nothing was
 	// written.
 	ErrUnsupported = core.ErrUnsupported
+
+	// ErrConflict: a lease claim or completion was rolled back whole
+	// because a concurrent transaction won (a deadlock, or a multi-primary
+	// cluster's certification failure: core.ConflictDetector). A claim
+	// that conflicted delivered nothing and is made again; a completion
+	// is run again, and matches it only when its retries ran out.
+	ErrConflict = core.ErrConflict
 )
 
 // TableError names the table and the field of the description at fault.
