@@ -82,6 +82,13 @@ type Target struct {
 	// through OldServer). A form the dialect does not offer is checked
 	// for ErrFormUnavailable whether listed or not. Nil runs every form.
 	Forms []sqlxbroker.Form
+	// Refuses lists forms the dialect offers but must refuse on this
+	// target at subscribe time with a *sqlxbroker.FormError
+	// (ErrFormUnavailable), as PostgreSQL's advisory form behind a pooler
+	// in transaction mode: each runs the Refused scenario, which checks
+	// the refusal and that the table is left as it was, instead of the
+	// form's scenarios.
+	Refuses []sqlxbroker.Form
 	// Sessions, when set, opens a pool like Open and returns with it a
 	// kill that ends, from another session, every server session the pool
 	// has opened so far, as a failover or an administrator would, and
@@ -90,6 +97,16 @@ type Target struct {
 	// it and skip, saying so, without it (a database without server
 	// sessions, such as SQLite, has nothing to end).
 	Sessions func(t TB) (db *sqlx.DB, kill func(t TB) int)
+}
+
+// refuses reports whether f is in tg.Refuses.
+func (tg *Target) refuses(f sqlxbroker.Form) bool {
+	for _, g := range tg.Refuses {
+		if g == f {
+			return true
+		}
+	}
+	return false
 }
 
 // runs reports whether the suite runs form f's scenarios.
@@ -189,6 +206,8 @@ func (tg *Target) steps() []step {
 			out = append(out, step{form: f, name: "Unavailable", run: func(t TB) { Unavailable(t, tg, f) }})
 		case !tg.runs(f):
 			out = append(out, step{form: f, skip: fmt.Sprintf("the %s form is left out (Target.Forms)", f)})
+		case tg.refuses(f):
+			out = append(out, step{form: f, name: "Refused", run: func(t TB) { Refused(t, tg, f) }})
 		default:
 			for _, s := range Scenarios() {
 				if s.Applies(tg.Dialect, f) {
@@ -204,8 +223,9 @@ func (tg *Target) steps() []step {
 }
 
 // Run runs every scenario for every form: offered forms as subtests
-// "<form>/<scenario>", forms not offered as "<form>/Unavailable", and
-// VersionGate when the Target has an OldServer.
+// "<form>/<scenario>", forms not offered as "<form>/Unavailable", forms the
+// target refuses (Target.Refuses) as "<form>/Refused", and VersionGate when
+// the Target has an OldServer.
 func Run(t *testing.T, tg Target) {
 	if childMode(t, &tg) {
 		return

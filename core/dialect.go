@@ -145,8 +145,9 @@ type Starter interface {
 
 // Waker wakes subscribers when rows arrive: Publish runs WakeStatement ("":
 // none) in the publishing transaction; Listen's channel receives after rows
-// arrive and closes when ctx ends (an error: the subscription polls).
-// Without it other processes' subscriptions poll.
+// arrive and closes when ctx ends (an error: the subscription polls; one
+// matching ErrUnsupported says the connection is set up without wake-ups,
+// and is logged at Info). Without it other processes' subscriptions poll.
 type Waker interface {
 	WakeStatement(p *Plan) (string, []any)
 	Listen(ctx context.Context, pool *Pool, p *Plan) (<-chan struct{}, error)

@@ -1,0 +1,277 @@
+package postgres_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/sqlxbroker/sqlxbroker"
+	"github.com/sqlxbroker/sqlxbroker/conformance"
+	"github.com/sqlxbroker/sqlxbroker/core"
+	"github.com/sqlxbroker/sqlxbroker/dialects/postgres"
+	"github.com/sqlxbroker/sqlxbroker/internal/testreport"
+)
+
+// The PgBouncer tests run through the two poolers scripts/pgbouncer.sh
+// starts in front of the local PostgreSQL:
+//
+//	eval "$(bash scripts/pgbouncer.sh)"   # SQLXBROKER_PGBOUNCER_SESSION_DSN, SQLXBROKER_PGBOUNCER_TX_DSN
+//	go test ./dialects/postgres -run PgBouncer -count=1
+//
+// Without the variables they skip, or fail when
+// SQLXBROKER_REQUIRE_PGBOUNCER=1 (CI).
+
+const (
+	sessionEnv = "SQLXBROKER_PGBOUNCER_SESSION_DSN"
+	txEnv      = "SQLXBROKER_PGBOUNCER_TX_DSN"
+)
+
+// pgbouncerDSN returns the DSN in env var name, set by scripts/pgbouncer.sh.
+func pgbouncerDSN(t *testing.T, name string) string {
+	t.Helper()
+	what := "PgBouncer session mode"
+	if name == txEnv {
+		what = "PgBouncer transaction mode"
+	}
+	dsn := strings.TrimSpace(os.Getenv(name))
+	if dsn == "" {
+		msg := name + " is not set; run eval \"$(bash scripts/pgbouncer.sh)\" to start the poolers"
+		if os.Getenv("SQLXBROKER_REQUIRE_PGBOUNCER") == "1" {
+			t.Fatal(msg + " (SQLXBROKER_REQUIRE_PGBOUNCER=1)")
+		}
+		testreport.Skip(t, what, msg)
+	}
+	testreport.Tested(t, what, name)
+	return dsn
+}
+
+// withApp adds application_name=app to a URL DSN.
+func withApp(dsn, app string) string {
+	if strings.Contains(dsn, "?") {
+		return dsn + "&application_name=" + app
+	}
+	return dsn + "?application_name=" + app
+}
+
+// TestConformancePgBouncerSession runs the suite through PgBouncer in
+// session mode with the plain dialect: every form passes, as direct. A
+// client connection keeps its server session, so the suite ends sessions
+// by their pg_backend_pid as on a direct connection (PgBouncer then drops
+// the client). Short volumes: the main server runs the full ones.
+func TestConformancePgBouncerSession(t *testing.T) {
+	tg := target(pgbouncerDSN(t, sessionEnv))
+	tg.Short = true
+	conformance.Run(t, tg)
+}
+
+// TestConformancePgBouncerTransaction runs the suite through PgBouncer in
+// transaction mode with Dialect{TransactionPooling: true}: the row-lock
+// and lease forms pass every scenario, and the advisory form is refused at
+// subscribe time with a *sqlxbroker.FormError (the Refused scenario).
+// Subscriptions poll (no LISTEN), and the row-lock form prepares nothing:
+// PgBouncer 1.18 forwards no prepared statement. A pool's server sessions
+// are not its own here, so the suite's session kill ends the server
+// sessions that serve the pool's client connections, found by the pool's
+// application_name (PgBouncer sets it on each server session it links).
+func TestConformancePgBouncerTransaction(t *testing.T) {
+	dsn := pgbouncerDSN(t, txEnv)
+	tg := target(dsn)
+	tg.Dialect = postgres.Dialect{TransactionPooling: true}
+	tg.Refuses = []sqlxbroker.Form{sqlxbroker.Advisory}
+	tg.Sessions = appSessions(dsn)
+	tg.Short = true
+	conformance.Run(t, tg)
+}
+
+// appSessions is a Target.Sessions for a transaction-mode pooler: the pool
+// gets an application_name of its own, and kill terminates every server
+// session that carries it (those linked to its client connections now,
+// its transactions among them, and idle ones it used last), from a second
+// pool. It may end none when no client connection holds a server session.
+func appSessions(dsn string) func(t conformance.TB) (*sqlx.DB, func(t conformance.TB) int) {
+	return func(t conformance.TB) (*sqlx.DB, func(t conformance.TB) int) {
+		t.Helper()
+		var rnd [4]byte
+		_, _ = rand.Read(rnd[:])
+		app := "pgbouncer_kill_" + hex.EncodeToString(rnd[:])
+		db, err := sqlx.Open("postgres", withApp(dsn, app))
+		if err != nil {
+			t.Fatalf("open: %v", err)
+		}
+		admin, err := sqlx.Open("postgres", dsn)
+		if err != nil {
+			t.Fatalf("open: %v", err)
+		}
+		t.Cleanup(func() { db.Close(); admin.Close() })
+		return db, func(t conformance.TB) int {
+			t.Helper()
+			var n int
+			if err := admin.QueryRow(`SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n); err != nil {
+				t.Fatalf("end the pool's server sessions: %v", err)
+			}
+			return n
+		}
+	}
+}
+
+// TestPgBouncerDetect: without TransactionPooling, a pool through the
+// transaction-mode pooler is found by its probe: an advisory subscription
+// is refused with a FormError that says how the pooler was found, and the
+// row-lock form prepares nothing. Through the session-mode pooler and on a
+// direct connection the probe finds nothing: advisory subscriptions start
+// and the row-lock form prepares.
+func TestPgBouncerDetect(t *testing.T) {
+	cases := []struct {
+		name, env string
+		pooled    bool
+	}{
+		{"transaction", txEnv, true},
+		{"session", sessionEnv, false},
+		{"direct", "SQLXBROKER_POSTGRES_DSN", false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var s string
+			if c.env == "SQLXBROKER_POSTGRES_DSN" {
+				s = dsn(t)
+			} else {
+				s = pgbouncerDSN(t, c.env)
+			}
+			db := sqlx.MustOpen("postgres", s)
+			t.Cleanup(func() { db.Close() })
+			b := sqlxbroker.OpenDialect(db, postgres.Dialect{})
+			t.Cleanup(func() { b.Close(context.Background()) })
+			tbl := sqlxbroker.Table{Name: uniq("pgbouncer_detect_"), AdvisoryLock: "acct-{account}"}
+			createTable(t, b, tbl)
+			sub, serr := b.Subscribe(context.Background(), tbl, func(context.Context, *sqlxbroker.Delivery) error { return nil },
+				sqlxbroker.SubscribeParams{PollInterval: 50 * time.Millisecond, Logger: slog.New(&logLines{})})
+			var fe *sqlxbroker.FormError
+			switch {
+			case c.pooled && (!errors.As(serr, &fe) || fe.Form != sqlxbroker.Advisory):
+				t.Fatalf("advisory subscription through the transaction-mode pooler: %v, want a FormError", serr)
+			case c.pooled && !strings.Contains(fe.Reason, "one server process"):
+				t.Errorf("the refusal %q does not say the probe found the pooler", fe.Reason)
+			case !c.pooled && serr != nil:
+				t.Fatalf("advisory subscription: %v", serr)
+			}
+			if sub != nil {
+				stopAll(t, []*sqlxbroker.Subscription{sub})
+			}
+			pool := core.NewPool(db, postgres.Dialect{})
+			defer pool.Close()
+			rl, err := postgres.Dialect{}.RowLock(context.Background(), pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rl.Prepare == c.pooled {
+				t.Errorf("RowLock prepares: %v, want %v", rl.Prepare, !c.pooled)
+			}
+			t.Logf("advisory subscription: %v; row lock prepares: %v", serr, rl.Prepare)
+		})
+	}
+}
+
+// TestPgBouncerWakeups: through the session-mode pooler a subscription
+// LISTENs, so rows published by another pool while it waits for its next
+// poll (an hour away) are delivered on the wake-ups alone, one after the
+// other. Through the transaction-mode pooler (TransactionPooling) it does
+// not LISTEN: Subscribe says so at Info, warns of nothing, and the rows
+// are delivered by polling.
+func TestPgBouncerWakeups(t *testing.T) {
+	for _, c := range []struct {
+		name, env string
+		dialect   postgres.Dialect
+		poll      time.Duration
+	}{
+		{"session", sessionEnv, postgres.Dialect{}, time.Hour},
+		{"transaction", txEnv, postgres.Dialect{TransactionPooling: true}, 100 * time.Millisecond},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := pgbouncerDSN(t, c.env)
+			db, pdb := sqlx.MustOpen("postgres", s), sqlx.MustOpen("postgres", s)
+			t.Cleanup(func() { db.Close(); pdb.Close() })
+			b, pub := sqlxbroker.OpenDialect(db, c.dialect), sqlxbroker.OpenDialect(pdb, c.dialect)
+			t.Cleanup(func() { b.Close(context.Background()); pub.Close(context.Background()) })
+			tbl := sqlxbroker.Table{Name: uniq("pgbouncer_wake_"), LockedUntil: "locked_until", Lease: 5 * time.Second}
+			createTable(t, pub, tbl)
+			logs := &logLines{}
+			var mu sync.Mutex
+			got := 0
+			sub, err := b.Subscribe(context.Background(), tbl, func(context.Context, *sqlxbroker.Delivery) error {
+				mu.Lock()
+				got++
+				mu.Unlock()
+				return nil
+			}, sqlxbroker.SubscribeParams{PollInterval: c.poll, MinPollInterval: c.poll, Logger: slog.New(logs)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer stopAll(t, []*sqlxbroker.Subscription{sub})
+			// A publish that meets the claim right after a delivery is
+			// claimed without a wake-up; three in a row cannot all be.
+			for i := range 3 {
+				publish(t, pub, tbl, accounts(i, 1))
+				waitFor(t, 15*time.Second, "the published row delivered", func() bool {
+					mu.Lock()
+					defer mu.Unlock()
+					return got == i+1
+				})
+			}
+			info, warn := logs.find(slog.LevelInfo, "no wake-ups"), logs.find(slog.LevelWarn, "")
+			switch {
+			case c.dialect.TransactionPooling && (info == "" || !strings.Contains(info, "transaction mode")):
+				t.Errorf("no Info line saying the subscription polls behind the pooler; logged: %v", logs.all())
+			case !c.dialect.TransactionPooling && info != "":
+				t.Errorf("the session-mode subscription does not listen: %s", info)
+			case warn != "":
+				t.Errorf("warned: %s", warn)
+			}
+			t.Logf("logged: %v; %+v", logs.all(), sub.Stats())
+		})
+	}
+}
+
+// logLines is a slog.Handler that keeps each record as level and text.
+type logLines struct {
+	mu    sync.Mutex
+	lines []string
+	level []slog.Level
+}
+
+func (l *logLines) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logLines) Handle(_ context.Context, r slog.Record) error {
+	s := r.Message
+	r.Attrs(func(a slog.Attr) bool { s += " " + a.String(); return true })
+	l.mu.Lock()
+	l.lines, l.level = append(l.lines, s), append(l.level, r.Level)
+	l.mu.Unlock()
+	return nil
+}
+func (l *logLines) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logLines) WithGroup(string) slog.Handler      { return l }
+
+// find returns the first line at level containing sub, or "".
+func (l *logLines) find(level slog.Level, sub string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, s := range l.lines {
+		if l.level[i] == level && strings.Contains(s, sub) {
+			return s
+		}
+	}
+	return ""
+}
+
+func (l *logLines) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.lines...)
+}
