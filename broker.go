@@ -104,12 +104,13 @@ func (f *checkedForm) Unwrap() core.ClaimForm { return f.ClaimForm }
 
 // Start runs the dialect's Starter (the server, the column types), then
 // checks that the live table has every column the description names; a bad
-// description is named as such on any server, too old or not.
+// description is named as such on any server, too old or refusing the form
+// or not.
 func (f *checkedForm) Start(ctx context.Context) error {
 	if s := f.p.Caps.Starter; s != nil {
 		stop, err := s.Start(ctx, f.b.pool, f.p)
 		if err != nil {
-			if errors.Is(err, ErrServerTooOld) {
+			if errors.Is(err, ErrServerTooOld) || errors.Is(err, ErrFormUnavailable) {
 				if lerr := checkLive(ctx, f.b.db, f.t, f.p); lerr != nil {
 					return lerr
 				}

@@ -89,8 +89,11 @@ fi
 # config MODE PORT POOL prints an instance's pgbouncer.ini. auth_type any:
 # no authentication, every client logs in upstream as root (the test
 # server trusts loopback). Pool sizes leave room for the conformance
-# suite's brokers; idle server connections close after 10 s, so the
-# shared server's connection slots come back between test runs.
+# suite's brokers (in either mode a row-lock delivery in work holds a server
+# connection, and the suite holds up to about 70 at once in session mode,
+# 40 in transaction mode); idle server connections close after 5 s, so the
+# shared server's connection slots come back between test runs, and a
+# client waits at most 30 s for a server connection.
 config() {
   local mode=$1 port=$2 pool=$3 d="$DIR/$1"
   cat <<EOF
@@ -108,7 +111,8 @@ pool_mode = $mode
 max_client_conn = 1000
 default_pool_size = $pool
 max_db_connections = $pool
-server_idle_timeout = 10
+server_idle_timeout = 5
+query_wait_timeout = 30
 ignore_startup_parameters = extra_float_digits,search_path
 log_connections = 0
 log_disconnections = 0
@@ -151,6 +155,6 @@ ready_upstream() { "$PSQL" -h "$UP_HOST" -p "$UP_PORT" -U root -d test -tAc 'SEL
 ready_upstream || die "PostgreSQL is not reachable at $UPSTREAM (user root, database test)"
 
 start session "$SESSION_PORT" 80 SQLXBROKER_PGBOUNCER_SESSION_PORT
-start transaction "$TX_PORT" 30 SQLXBROKER_PGBOUNCER_TX_PORT
+start transaction "$TX_PORT" 50 SQLXBROKER_PGBOUNCER_TX_PORT
 echo "export SQLXBROKER_PGBOUNCER_SESSION_DSN=postgres://root@127.0.0.1:$SESSION_PORT/test?sslmode=disable"
 echo "export SQLXBROKER_PGBOUNCER_TX_DSN='postgres://root@127.0.0.1:$TX_PORT/test?sslmode=disable&binary_parameters=yes'"
