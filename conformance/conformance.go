@@ -82,6 +82,11 @@ type Target struct {
 	// through OldServer). A form the dialect does not offer is checked
 	// for ErrFormUnavailable whether listed or not. Nil runs every form.
 	Forms []sqlxbroker.Form
+	// Scenarios, when set, limits each form to the scenarios named
+	// (Scenario.Name), for a quick run of a target whose full run is
+	// recorded elsewhere; the checks of forms not offered or refused
+	// (Unavailable, Refused) run whatever it says. Nil runs every one.
+	Scenarios []string
 	// Refuses lists forms the dialect offers but must refuse on this
 	// target at subscribe time with a *sqlxbroker.FormError
 	// (ErrFormUnavailable), as PostgreSQL's advisory form behind a pooler
@@ -107,6 +112,37 @@ func (tg *Target) refuses(f sqlxbroker.Form) bool {
 		}
 	}
 	return false
+}
+
+// picks reports whether tg.Scenarios lets scenario name run.
+func (tg *Target) picks(name string) bool {
+	if tg.Scenarios == nil {
+		return true
+	}
+	for _, n := range tg.Scenarios {
+		if n == name {
+			return true
+		}
+	}
+	return false
+}
+
+// badScenarios names the entries of tg.Scenarios no scenario has.
+func (tg *Target) badScenarios() error {
+	known := map[string]bool{}
+	for _, s := range Scenarios() {
+		known[s.Name] = true
+	}
+	var bad []string
+	for _, n := range tg.Scenarios {
+		if !known[n] {
+			bad = append(bad, fmt.Sprintf("%q", n))
+		}
+	}
+	if bad == nil {
+		return nil
+	}
+	return fmt.Errorf("conformance: Target.Scenarios names no scenario of the suite: %s", strings.Join(bad, ", "))
 }
 
 // runs reports whether the suite runs form f's scenarios.
@@ -210,7 +246,7 @@ func (tg *Target) steps() []step {
 			out = append(out, step{form: f, name: "Refused", run: func(t TB) { Refused(t, tg, f) }})
 		default:
 			for _, s := range Scenarios() {
-				if s.Applies(tg.Dialect, f) {
+				if s.Applies(tg.Dialect, f) && tg.picks(s.Name) {
 					out = append(out, step{form: f, name: s.Name, run: func(t TB) { s.Run(t, tg, f) }})
 				}
 			}
@@ -232,6 +268,9 @@ func Run(t *testing.T, tg Target) {
 	}
 	if testing.Short() {
 		tg.Short = true
+	}
+	if err := tg.badScenarios(); err != nil {
+		t.Fatal(err)
 	}
 	steps := tg.steps()
 	for _, f := range core.Forms {

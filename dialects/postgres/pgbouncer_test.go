@@ -27,7 +27,8 @@ import (
 //	go test ./dialects/postgres -run PgBouncer -count=1
 //
 // Without the variables they skip, or fail when
-// SQLXBROKER_REQUIRE_PGBOUNCER=1 (CI).
+// SQLXBROKER_REQUIRE_PGBOUNCER=1 (CI). SQLXBROKER_PGBOUNCER_SHORT=1 runs a
+// subset of the suite's scenarios through each pooler (quickScenarios).
 
 const (
 	sessionEnv = "SQLXBROKER_PGBOUNCER_SESSION_DSN"
@@ -53,6 +54,27 @@ func pgbouncerDSN(t *testing.T, name string) string {
 	return dsn
 }
 
+// quickScenarios are the scenarios SQLXBROKER_PGBOUNCER_SHORT=1 runs (CI):
+// those that hold a session or a transaction across statements, or end
+// sessions, where a pooler's routing shows. The full run is recorded in
+// docs/compatibility.md.
+var quickScenarios = []string{
+	"ExactlyOnce", "SkipLocked", "CrashRecovery", "LeaseLoss", "FIFO", "Outcomes",
+	"AdvisoryKeys", "AdvisoryBatch", "HolderLost", "SessionLoss", "SessionCrash",
+	"HandlerTx", "TxAfterCompletion", "PublishDuplicates", "HostileKeys",
+}
+
+// pgbouncerTarget is target(dsn) at Short volumes, limited to
+// quickScenarios when SQLXBROKER_PGBOUNCER_SHORT=1.
+func pgbouncerTarget(dsn string) conformance.Target {
+	tg := target(dsn)
+	tg.Short = true
+	if os.Getenv("SQLXBROKER_PGBOUNCER_SHORT") == "1" {
+		tg.Scenarios = quickScenarios
+	}
+	return tg
+}
+
 // withApp adds application_name=app to a URL DSN.
 func withApp(dsn, app string) string {
 	if strings.Contains(dsn, "?") {
@@ -65,11 +87,10 @@ func withApp(dsn, app string) string {
 // session mode with the plain dialect: every form passes, as direct. A
 // client connection keeps its server session, so the suite ends sessions
 // by their pg_backend_pid as on a direct connection (PgBouncer then drops
-// the client). Short volumes: the main server runs the full ones.
+// the client). Short volumes: the main server runs the full ones;
+// SQLXBROKER_PGBOUNCER_SHORT=1 runs quickScenarios only.
 func TestConformancePgBouncerSession(t *testing.T) {
-	tg := target(pgbouncerDSN(t, sessionEnv))
-	tg.Short = true
-	conformance.Run(t, tg)
+	conformance.Run(t, pgbouncerTarget(pgbouncerDSN(t, sessionEnv)))
 }
 
 // TestConformancePgBouncerTransaction runs the suite through PgBouncer in
@@ -81,13 +102,13 @@ func TestConformancePgBouncerSession(t *testing.T) {
 // are not its own here, so the suite's session kill ends the server
 // sessions that serve the pool's client connections, found by the pool's
 // application_name (PgBouncer sets it on each server session it links).
+// Short volumes, and quickScenarios only with SQLXBROKER_PGBOUNCER_SHORT=1.
 func TestConformancePgBouncerTransaction(t *testing.T) {
 	dsn := pgbouncerDSN(t, txEnv)
-	tg := target(dsn)
+	tg := pgbouncerTarget(dsn)
 	tg.Dialect = postgres.Dialect{TransactionPooling: true}
 	tg.Refuses = []sqlxbroker.Form{sqlxbroker.Advisory}
 	tg.Sessions = appSessions(dsn)
-	tg.Short = true
 	conformance.Run(t, tg)
 }
 
