@@ -64,15 +64,13 @@ func (Dialect) WakeStatement(p *core.Plan) (string, []any) {
 // sqlxbroker.ErrUnsupported); the subscription then polls only.
 func (d Dialect) Listen(ctx context.Context, pool *core.Pool, p *core.Plan) (<-chan struct{}, error) {
 	db := pool.DB
-	switch db.Driver().(type) {
-	case *pq.Driver, *dsnDriver:
-	default:
-		return nil, fmt.Errorf("sqlxbroker: postgres: wake-ups need the lib/pq driver, not %T", db.Driver())
-	}
 	if d.ListenDSN == "" {
 		if pooled, how := d.txPooling(ctx, pool); pooled {
 			return nil, errNoListen(how)
 		}
+	}
+	if !isPQ(db) {
+		return nil, fmt.Errorf("sqlxbroker: postgres: wake-ups need the lib/pq driver, not %T", db.Driver())
 	}
 	ls, err := core.Keep(pool, listenersKey{}, func() (*listeners, error) { return &listeners{db: db}, nil })
 	if err != nil {
@@ -411,4 +409,14 @@ func (d Dialect) listenDSN(db *sqlx.DB) string {
 		return dd.dsn
 	}
 	return ""
+}
+
+// isPQ reports whether db's driver is lib/pq (plain, from Open, or
+// TxPoolDriver's).
+func isPQ(db *sqlx.DB) bool {
+	switch db.Driver().(type) {
+	case *pq.Driver, *dsnDriver, txPoolDriver:
+		return true
+	}
+	return false
 }

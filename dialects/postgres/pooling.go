@@ -3,7 +3,10 @@ package postgres
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"fmt"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/lib/pq"
@@ -14,12 +17,59 @@ import (
 // TxPoolDriver is the database/sql driver name (lib/pq) whose dialect is
 // Dialect{TransactionPooling: true}: open a pool through a
 // transaction-mode pooler with it, e.g. sqlx.Open("postgres-txpool", dsn),
-// or pass it to the sqlxbroker command as --driver.
+// or pass it to the sqlxbroker command as --driver. It adds
+// binary_parameters=yes to a DSN that does not set binary_parameters.
 const TxPoolDriver = "postgres-txpool"
 
 func init() {
-	sql.Register(TxPoolDriver, &pq.Driver{})
+	sql.Register(TxPoolDriver, txPoolDriver{})
 	sqlxbroker.Register(TxPoolDriver, Dialect{TransactionPooling: true})
+}
+
+// txPoolDriver is lib/pq with binary_parameters=yes added to a DSN that
+// does not set it: a statement with arguments then goes in one round trip
+// (parse, bind and execute before one sync), which a transaction-mode
+// pooler keeps on one server session.
+type txPoolDriver struct{ pq.Driver }
+
+func (d txPoolDriver) Open(dsn string) (driver.Conn, error) {
+	return d.Driver.Open(withBinaryParameters(dsn))
+}
+
+func (txPoolDriver) OpenConnector(dsn string) (driver.Connector, error) {
+	c, err := pq.NewConnector(withBinaryParameters(dsn))
+	if err != nil {
+		return nil, err
+	}
+	return &txPoolConnector{c}, nil
+}
+
+// txPoolConnector names txPoolDriver as its driver, so the pool's driver
+// says how it was opened.
+type txPoolConnector struct{ *pq.Connector }
+
+func (txPoolConnector) Driver() driver.Driver { return txPoolDriver{} }
+
+// withBinaryParameters adds binary_parameters=yes to a URL or key=value
+// DSN that does not name binary_parameters.
+func withBinaryParameters(dsn string) string {
+	if strings.Contains(dsn, "binary_parameters") {
+		return dsn
+	}
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return dsn // lib/pq reports the bad DSN
+		}
+		q := u.Query()
+		q.Set("binary_parameters", "yes")
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	if strings.TrimSpace(dsn) == "" {
+		return "binary_parameters=yes"
+	}
+	return dsn + " binary_parameters=yes"
 }
 
 // Transaction pooling: a pooler in transaction mode (PgBouncer's
@@ -44,7 +94,7 @@ func init() {
 const probeTries = 4
 
 // probeTimeout bounds the probe; a pool that cannot lend two connections
-// that fast (MaxOpenConns reached) is not probed.
+// that fast (MaxOpenConns reached) is not probed again.
 const probeTimeout = 2 * time.Second
 
 // pooledKey keeps a pool's probe result (core.Keep).
@@ -71,15 +121,22 @@ func (d Dialect) txPooling(ctx context.Context, pool *core.Pool) (pooled bool, h
 }
 
 // txPooled is the probe: true when two open connections of pool answered
-// pg_backend_pid() with one process. It fails (and is tried again later)
-// when it cannot finish.
-func txPooled(ctx context.Context, pool *core.Pool) (bool, error) {
+// pg_backend_pid() with one process. A pool that cannot lend two
+// connections within probeTimeout is taken as not pooled (and not probed
+// again); other failures are returned, and the probe runs again next time.
+func txPooled(ctx context.Context, pool *core.Pool) (pooled bool, err error) {
 	db := pool.DB
 	if n := db.Stats().MaxOpenConnections; n > 0 && n < 2 {
 		return false, nil // one connection: nothing to compare, nothing to run
 	}
-	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	parent := ctx
+	ctx, cancel := context.WithTimeout(parent, probeTimeout)
 	defer cancel()
+	defer func() {
+		if err != nil && parent.Err() == nil && ctx.Err() != nil {
+			pooled, err = false, nil // busy pool: inconclusive, kept
+		}
+	}()
 	var conns [2]*sql.Conn
 	for i := range conns {
 		c, err := db.DB.Conn(ctx)

@@ -89,7 +89,7 @@ type Dialect struct {
 	// the DSN needs binary_parameters=yes as well: otherwise a statement
 	// with arguments is parsed and bound in two round trips, which the
 	// pooler may send to two server sessions ("unnamed prepared statement
-	// does not exist").
+	// does not exist"); TxPoolDriver adds it.
 	TransactionPooling bool
 }
 
