@@ -56,12 +56,12 @@ func pgbouncerDSN(t *testing.T, name string) string {
 
 // quickScenarios are the scenarios SQLXBROKER_PGBOUNCER_SHORT=1 runs (CI):
 // those that hold a session or a transaction across statements, or end
-// sessions, where a pooler's routing shows. The full run is recorded in
+// sessions or cut connections, where a pooler's routing shows. The full run is recorded in
 // docs/compatibility.md.
 var quickScenarios = []string{
 	"ExactlyOnce", "SkipLocked", "CrashRecovery", "LeaseLoss", "FIFO", "Outcomes",
 	"AdvisoryKeys", "AdvisoryBatch", "HolderLost", "SessionLoss", "SessionCrash",
-	"HandlerTx", "TxAfterCompletion", "PublishDuplicates", "HostileKeys",
+	"HandlerTx", "TxAfterCompletion", "PublishDuplicates", "HostileKeys", "NetworkCut",
 }
 
 // pgbouncerTarget is target(dsn) at Short volumes, limited to
