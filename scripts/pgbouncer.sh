@@ -38,6 +38,7 @@ UP_HOST=${UPSTREAM%:*} UP_PORT=${UPSTREAM##*:}
 OSUSER=sqlxpgb
 PSQL=${PSQL:-psql}
 
+PATH=$PATH:/usr/sbin:/sbin # Debian installs pgbouncer in /usr/sbin
 log() { echo "pgbouncer.sh: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
@@ -138,6 +139,7 @@ start() {
     return
   fi
   stop_mode "$mode"
+  rm -f "$d/pgbouncer.pid" # a hard-killed instance's
   printf '%s\n' "$want" >"$d/pgbouncer.ini"
   touch "$d/pgbouncer.log"
   [ ${#RUNAS[@]} -eq 0 ] || chown -R "$OSUSER" "$d"
