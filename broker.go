@@ -166,9 +166,12 @@ func (b *Broker) Subscribe(ctx context.Context, t Table, h Handler, p SubscribeP
 	if w := plan.Caps.Waker; w != nil && p.Wake == nil {
 		var lctx context.Context
 		lctx, stopListen = context.WithCancel(context.Background())
-		if ch, err := w.Listen(lctx, b.pool, plan); err == nil {
+		switch ch, err := w.Listen(lctx, b.pool, plan); {
+		case err == nil:
 			p.Wake = ch
-		} else {
+		case errors.Is(err, ErrUnsupported): // the connection is set up without them
+			logger(p).Info("sqlxbroker: no wake-ups on this connection, polling only", "table", t.Name, "why", err)
+		default:
 			logger(p).Warn("sqlxbroker: wake-ups unavailable, polling only", "table", t.Name, "err", err)
 		}
 	}

@@ -47,7 +47,9 @@ var (
 	// ErrUnsupported: the call needs an optional capability the dialect
 	// lacks (PublishParams.SkipDuplicates without core.DuplicateSkipper);
 	// the message names the dialect and the capability. Nothing was
-	// written.
+	// written. A Waker's Listen fails with it when the connection is set
+	// up without wake-ups (PostgreSQL behind a transaction-mode pooler):
+	// Subscribe then logs at Info, not Warn, and polls.
 	ErrUnsupported = core.ErrUnsupported
 
 	// ErrConflict: a lease claim or completion was rolled back whole

@@ -135,8 +135,10 @@ type GroupGuard interface {
 
 // Starter is called when a subscription starts, before the broker checks
 // the columns. It fails with a *sqlxbroker.VersionError on a server too old
-// for p.Form, a *sqlxbroker.TableError for a column type that cannot work,
-// or a clear error for a connection it cannot live with. It may take what
+// for p.Form, a *sqlxbroker.FormError for a connection that cannot serve
+// p.Form (PostgreSQL's advisory form behind a transaction-mode pooler), a
+// *sqlxbroker.TableError for a column type that cannot work, or a clear
+// error for a connection it cannot live with. It may take what
 // the subscription needs (SQLite's file lock against a second process:
 // ErrAdvisoryConflict) and return stop, called when it ends.
 type Starter interface {
@@ -145,8 +147,9 @@ type Starter interface {
 
 // Waker wakes subscribers when rows arrive: Publish runs WakeStatement ("":
 // none) in the publishing transaction; Listen's channel receives after rows
-// arrive and closes when ctx ends (an error: the subscription polls).
-// Without it other processes' subscriptions poll.
+// arrive and closes when ctx ends (an error: the subscription polls; one
+// matching ErrUnsupported says the connection is set up without wake-ups,
+// and is logged at Info). Without it other processes' subscriptions poll.
 type Waker interface {
 	WakeStatement(p *Plan) (string, []any)
 	Listen(ctx context.Context, pool *Pool, p *Plan) (<-chan struct{}, error)

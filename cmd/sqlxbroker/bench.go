@@ -103,8 +103,9 @@ func benchCmd(args []string) error {
 	if *driver == "sqlite" && !strings.HasPrefix(*dsn, "file:") {
 		*dsn = sqlite.DSN(*dsn)
 	}
-	if pd, ok := d.(postgres.Dialect); ok {
-		// Wake-ups on a listener of their own, as postgres.Open gives.
+	if pd, ok := d.(postgres.Dialect); ok && !pd.TransactionPooling {
+		// Wake-ups on a listener of their own, as postgres.Open gives
+		// (not through a transaction-mode pooler, which cannot LISTEN).
 		pd.ListenDSN = *dsn
 		d = pd
 	}
