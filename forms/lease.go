@@ -27,10 +27,14 @@ type lease struct {
 	startOne sync.Once
 
 	batch batcher[*leaseClaim] // completions, written in batches by flush
+
+	// clock is the host's clock (core.Now) the leases are written and
+	// compared with; tests skew it.
+	clock func() time.Time
 }
 
 func newLease(b base) *lease {
-	f := &lease{base: b, dur: b.plan.Lease, active: map[*leaseClaim]struct{}{}, done: make(chan struct{})}
+	f := &lease{base: b, dur: b.plan.Lease, active: map[*leaseClaim]struct{}{}, done: make(chan struct{}), clock: core.Now}
 	f.batch.flush = f.flush
 	return f
 }
@@ -70,7 +74,8 @@ func (f *lease) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 		// instead, and the stop waits for them.
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
 		defer cancel()
-		return f.claimOn(sctx, f.db, nil, core.Now(), max)
+		cs, err := f.claimOn(sctx, f.db, nil, f.clock(), max)
+		return cs, f.conflict(err)
 	}
 	tx, err := f.begin(ctx)
 	if err != nil {
@@ -79,7 +84,11 @@ func (f *lease) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
 	// The clock is read once the transaction is open: a begin that waited
 	// for the database (SQLite's one writer) must not shorten the lease.
-	return f.claimOn(ctx, tx, tx, core.Now(), max)
+	// Rows are handed out only once the commit succeeded: a claim that
+	// lost to another transaction (a deadlock, another node's claim on a
+	// multi-primary cluster) delivers nothing and says ErrConflict.
+	cs, err := f.claimOn(ctx, tx, tx, f.clock(), max)
+	return cs, f.conflict(err)
 }
 
 // claimTimeout bounds a claim statement that a stop does not cut short.
@@ -166,9 +175,14 @@ type leaseClaim struct {
 	mu       sync.Mutex
 	token    time.Time // the deadline the row holds for us
 	timer    *time.Timer
-	finished bool   // completion started: renewal stops
-	wasLost  bool   // the lease was lost
-	onLost   func() // called once the lease is lost
+	finished bool // completion started: renewal stops
+
+	// lmu, not mu (which a renewal round holds while its statement runs,
+	// however long the network makes it), guards the loss, so a lease
+	// whose renewal cannot reach the database is told lost at its end.
+	lmu     sync.Mutex
+	wasLost bool   // the lease was lost
+	onLost  func() // called once the lease is lost
 
 	// The completion, while it waits in the form's batcher.
 	o    core.Outcome
@@ -177,33 +191,48 @@ type leaseClaim struct {
 
 func (c *leaseClaim) Row() *core.Row { return &c.row }
 
-// markLost records the loss and runs the OnLost function. The caller holds
-// c.mu.
+// markLost records the loss and runs the OnLost function once.
 func (c *leaseClaim) markLost() {
+	c.lmu.Lock()
+	fn := c.onLost
 	if c.wasLost {
-		return
+		fn = nil
 	}
 	c.wasLost = true
-	if c.onLost != nil {
-		c.onLost()
+	c.lmu.Unlock()
+	if fn != nil {
+		fn()
 	}
+}
+
+// lost reports whether the lease was lost.
+func (c *leaseClaim) lost() bool {
+	c.lmu.Lock()
+	defer c.lmu.Unlock()
+	return c.wasLost
 }
 
 // OnLost runs fn when the lease is lost.
 func (c *leaseClaim) OnLost(fn func()) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.lmu.Lock()
 	if c.wasLost {
+		c.lmu.Unlock()
 		fn()
 		return
 	}
 	c.onLost = fn
+	c.lmu.Unlock()
 }
 
 // expire fires when the deadline passes without a renewal: another claim may
-// now take the row, so the handler is told.
+// now take the row, so the handler is told. A renewal round still running
+// then (it holds c.mu) has not renewed the lease in time: whatever it does
+// later, the row was claimable meanwhile.
 func (c *leaseClaim) expire() {
-	c.mu.Lock()
+	if !c.mu.TryLock() {
+		c.markLost()
+		return
+	}
 	defer c.mu.Unlock()
 	if !c.finished && !time.Now().Before(c.token) {
 		c.markLost()
@@ -241,11 +270,14 @@ func (c *leaseClaim) Complete(ctx context.Context, o core.Outcome, done func(err
 func (f *lease) completeOne(ctx context.Context, c *leaseClaim, o core.Outcome) error {
 	token := c.finish()
 	q, args := f.completion(o, false, true, " AND "+f.plan.QLockedUntil+" = ?")
-	res, err := f.db.ExecContext(ctx, q, append(args, c.row.ID, f.plan.Time(token))...)
-	if err != nil {
-		return fmt.Errorf("sqlxbroker: lease completion (%s): %w", o.Kind, err)
-	}
-	return fenced(res.RowsAffected())
+	args = append(args, c.row.ID, f.plan.Time(token))
+	return f.retryConflicts(ctx, func() error {
+		res, err := f.db.ExecContext(ctx, q, args...)
+		if err != nil {
+			return fmt.Errorf("sqlxbroker: lease completion (%s): %w", o.Kind, err)
+		}
+		return fenced(res.RowsAffected())
+	})
 }
 
 func fenced(n int64, err error) error {
@@ -378,7 +410,7 @@ func (f *lease) renewAll(claims []*leaseClaim) {
 	until := now.Add(f.dur)
 	for _, c := range claims {
 		c.mu.Lock()
-		if c.finished || c.wasLost {
+		if c.finished || c.lost() {
 			// A lost lease is another claim's now: nothing to renew.
 			c.mu.Unlock()
 			continue
@@ -399,7 +431,7 @@ func (f *lease) renewAll(claims []*leaseClaim) {
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), until)
 	defer cancel()
-	next := core.Now().Add(f.dur)
+	next := f.clock().Add(f.dur)
 	head := "UPDATE " + p.QTable + " SET " + p.QLockedUntil + " = ?"
 	hit, err := f.fencedBatch(ctx, head, []any{p.Time(next)}, p.Dialect.Features().UpdateReturning, live, tokens)
 	if err != nil {
@@ -472,7 +504,11 @@ func (f *lease) succeed(ctx context.Context, batch []*leaseClaim) []error {
 		args = []any{p.Time(core.Now())}
 		returning = p.Dialect.Features().UpdateReturning
 	}
-	hit, err := f.fencedBatch(ctx, head, args, returning, batch, tokens)
+	var hit []bool
+	err := f.retryConflicts(ctx, func() (err error) {
+		hit, err = f.fencedBatch(ctx, head, args, returning, batch, tokens)
+		return err
+	})
 	errs := make([]error, len(batch))
 	for i := range errs {
 		switch {
