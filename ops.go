@@ -59,6 +59,13 @@ func stateCond(p *core.Plan, t *Table, st State, now time.Time) (string, []any, 
 
 // stateCondAs is stateCond over alias ("" for none).
 func stateCondAs(p *core.Plan, t *Table, st State, now time.Time, alias string) (string, []any, error) {
+	return stateCondMarked(p, t, st, now, alias, nil)
+}
+
+// stateCondMarked is stateCondAs with the classes (unfinished, dead, done)
+// told by m's conditions (over p.Alias) instead of the state columns; m nil:
+// by the columns.
+func stateCondMarked(p *core.Plan, t *Table, st State, now time.Time, alias string, m *core.StateMarks) (string, []any, error) {
 	need := func(field, col string) error {
 		if col == "" {
 			return &TableError{Table: t.Name, Field: field, Reason: fmt.Sprintf("the state %s needs a %s column", st, field)}
@@ -72,6 +79,9 @@ func stateCondAs(p *core.Plan, t *Table, st State, now time.Time, alias string) 
 		return alias + "." + q
 	}
 	unf := p.Unfinished(alias)
+	if m != nil && m.Unfinished != "" {
+		unf = m.Unfinished
+	}
 	var args []any
 	notLeased := ""
 	if p.QLockedUntil != "" {
@@ -84,10 +94,16 @@ func stateCondAs(p *core.Plan, t *Table, st State, now time.Time, alias string) 
 		if err := need("DeadAt", p.DeadAt); err != nil {
 			return "", nil, err
 		}
+		if m != nil && m.Dead != "" {
+			return m.Dead, nil, nil
+		}
 		return c(p.QDeadAt) + " IS NOT NULL", nil, nil
 	case StateDone:
 		if err := need("DoneAt", p.DoneAt); err != nil {
 			return "", nil, err
+		}
+		if m != nil && m.Done != "" {
+			return m.Done, nil, nil
 		}
 		cond := c(p.QDoneAt) + " IS NOT NULL"
 		if p.QDeadAt != "" {
@@ -171,24 +187,50 @@ func (c Counts) Of(st State) int64 {
 
 // Counts counts t's rows in each state the description can tell, one
 // COUNT per state (an index on the state's column serves it: see
-// TableDDL), and reads the oldest ready row's ReadyAt. The counts are
+// TableDDL; on a dialect with core.StateMarker, an index on the column the
+// recommended table derives from the state columns, when the table has
+// it), and reads the oldest ready row's ReadyAt. The counts are
 // read one after the other, not in one snapshot: under a running
 // subscription a row moving between states may be counted in neither or
-// in both.
+// in both. With core.StateMarker's column they are read in one
+// REPEATABLE READ snapshot, and InWork is the unfinished rows less the
+// ready and scheduled ones (the index leaves the lease column out).
 func (b *Broker) Counts(ctx context.Context, t Table) (Counts, error) {
 	p, err := b.opsPlan(ctx, t)
 	if err != nil {
 		return Counts{}, err
 	}
+	var marks *core.StateMarks
+	if sm := p.Caps.StateMarker; sm != nil {
+		if marks, err = sm.StateMarks(ctx, b.pool, p); err != nil {
+			return Counts{}, fmt.Errorf("sqlxbroker: counts of %s: %w", t.Name, err)
+		}
+	}
+	var q interface {
+		QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	} = b.db
+	if marks != nil {
+		// One snapshot: the in-work count is derived from the others.
+		tx, err := b.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+		if err != nil {
+			return Counts{}, fmt.Errorf("sqlxbroker: counts of %s: %w", t.Name, err)
+		}
+		defer tx.Rollback()
+		q = tx
+	}
 	now := core.Now()
 	out := Counts{At: now, InWorkKnown: p.QLockedUntil != ""}
-	for _, cq := range countQueries(p, &t, now) {
+	for _, cq := range countQueries(p, &t, now, marks) {
 		if cq.state == "" { // the oldest ready row, when there is one
 			if out.Ready == 0 {
 				continue
 			}
 			var v any
-			if err := b.db.QueryRowContext(ctx, cq.query, cq.args...).Scan(&v); err != nil {
+			err := q.QueryRowContext(ctx, cq.query, cq.args...).Scan(&v)
+			if errors.Is(err, sql.ErrNoRows) {
+				continue // no ready row has a ReadyAt
+			}
+			if err != nil {
 				return Counts{}, fmt.Errorf("sqlxbroker: oldest ready row of %s: %w", t.Name, err)
 			}
 			if v != nil {
@@ -201,7 +243,7 @@ func (b *Broker) Counts(ctx context.Context, t Table) (Counts, error) {
 			continue
 		}
 		var n int64
-		if err := b.db.QueryRowContext(ctx, cq.query, cq.args...).Scan(&n); err != nil {
+		if err := q.QueryRowContext(ctx, cq.query, cq.args...).Scan(&n); err != nil {
 			return Counts{}, fmt.Errorf("sqlxbroker: count %s rows of %s: %w", cq.state, t.Name, err)
 		}
 		switch cq.state {
@@ -211,6 +253,9 @@ func (b *Broker) Counts(ctx context.Context, t Table) (Counts, error) {
 			out.Scheduled = n
 		case StateInWork:
 			out.InWork = n
+			if cq.unfinished { // ready, scheduled and in work split them
+				out.InWork = n - out.Ready - out.Scheduled
+			}
 		case StateDead:
 			out.Dead = n
 		case StateDone:
@@ -226,22 +271,38 @@ type countQuery struct {
 	state State
 	query string
 	args  []any
+	// unfinished: the in-work query counts the unfinished rows instead
+	// (ready and scheduled, counted before it, are the rest of them).
+	unfinished bool
 }
 
-// countQueries are the statements Counts runs for t at now, in order.
-func countQueries(p *core.Plan, t *Table, now time.Time) []countQuery {
+// countQueries are the statements Counts runs for t at now, in order,
+// with the classes told by m (nil: by the state columns).
+func countQueries(p *core.Plan, t *Table, now time.Time, m *core.StateMarks) []countQuery {
 	var out []countQuery
 	for _, st := range States {
-		cond, args, err := stateCond(p, t, st, now)
+		cond, args, err := stateCondMarked(p, t, st, now, p.Alias, m)
 		if err != nil {
 			continue // a state the table cannot have
 		}
-		out = append(out, countQuery{st, p.Rebind("SELECT COUNT(*) FROM " + p.QTable + " " + p.Alias + " WHERE " + cond), args})
+		cq := countQuery{state: st, args: args}
+		if st == StateInWork && m != nil && m.Unfinished != "" {
+			// The lease column is outside the marks' index, so the rows in
+			// work are the unfinished rows (the index alone) less the
+			// ready and scheduled ones, in the same snapshot (Counts).
+			cond, cq.args, cq.unfinished = m.Unfinished, nil, true
+		}
+		cq.query = p.Rebind("SELECT COUNT(*) FROM " + p.QTable + " " + p.Alias + " WHERE " + cond)
+		out = append(out, cq)
 	}
 	if p.QReadyAt != "" {
-		cond, args, _ := stateCond(p, t, StateReady, now)
-		q := "SELECT MIN(" + p.Alias + "." + p.QReadyAt + ") FROM " + p.QTable + " " + p.Alias + " WHERE " + cond
-		out = append(out, countQuery{"", p.Rebind(q), args})
+		// The first in ReadyAt order rather than MIN: MariaDB computes a MIN
+		// with a condition outside the index (the lease) over the whole
+		// range, and an ordered read stops at the first row.
+		cond, args, _ := stateCondMarked(p, t, StateReady, now, p.Alias, m)
+		ra := p.Alias + "." + p.QReadyAt
+		q := "SELECT " + ra + " FROM " + p.QTable + " " + p.Alias + " WHERE " + cond + " AND " + ra + " IS NOT NULL ORDER BY " + ra + " LIMIT 1"
+		out = append(out, countQuery{query: p.Rebind(q), args: args})
 	}
 	return out
 }

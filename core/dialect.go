@@ -203,6 +203,32 @@ type DuplicateSkipper interface {
 	SkipDuplicates(ctx context.Context, p *SkipDuplicatesParams) (*InsertSQL, error)
 }
 
+// StateMarks are conditions over Plan.Alias on a column the table keeps
+// for the operations' counts, each true for exactly the rows of one class:
+// Unfinished for rows with neither DeadAt nor DoneAt set, Dead for rows
+// with DeadAt set, Done for rows with DoneAt set and DeadAt not. A class
+// the description has no column for is "".
+type StateMarks struct {
+	Unfinished, Dead, Done string
+}
+
+// StateMarker is the capability of cheap counts on a database that cannot
+// index the state columns for them (no partial indexes, and an index on
+// DeadAt and DoneAt becomes the claims' plan): the recommended table
+// (TableCreator) derives a row's class from DeadAt and DoneAt into a
+// column of its own, in an index no claim statement can use, since none
+// names the column. StateMarks checks that p's table has that column,
+// derived from p's columns, and returns the conditions on it; nil, nil
+// when it has none (a table made otherwise), and the counts use the state
+// columns. Counts runs the conditions in place of the state columns'
+// (Plan.Unfinished and the dead and done conditions), so a wrong one makes
+// wrong counts. Only the counts use it: no claim, completion or locking
+// statement names the column. Without the capability the counts use the
+// state columns.
+type StateMarker interface {
+	StateMarks(ctx context.Context, pool *Pool, p *Plan) (*StateMarks, error)
+}
+
 // ConflictDetector tells conflicts apart from other errors. Conflict
 // reports whether err, returned by a statement or a COMMIT, means the
 // database rolled back the whole transaction (or the statement run alone)
@@ -235,6 +261,9 @@ type Capabilities struct {
 	TableCreator   TableCreator
 	// DuplicateSkipper: PublishParams.SkipDuplicates; nil: refused.
 	DuplicateSkipper DuplicateSkipper
+	// StateMarker: the counts read an indexed column of the table's own
+	// instead of the state columns; nil: they read the state columns.
+	StateMarker StateMarker
 	// ConflictDetector: conflicts are retried (see ConflictDetector).
 	ConflictDetector ConflictDetector
 }
@@ -249,6 +278,7 @@ func CapabilitiesOf(d Dialect) Capabilities {
 	c.Waker, _ = d.(Waker)
 	c.TableCreator, _ = d.(TableCreator)
 	c.DuplicateSkipper, _ = d.(DuplicateSkipper)
+	c.StateMarker, _ = d.(StateMarker)
 	c.ConflictDetector, _ = d.(ConflictDetector)
 	return c
 }

@@ -32,7 +32,16 @@
 //     statement's affected rows: 1 per inserted row, 0 per unchanged
 //     duplicate, the driver's default (clientFoundRows=false). With
 //     clientFoundRows=true a duplicate would count 1: the dialect tries
-//     the broker's pool once (a temporary table) and refuses such a pool.
+//     the broker's pool once (a temporary table) and refuses such a pool;
+//   - counts (Broker.Counts): MariaDB has no partial indexes, and an index
+//     on DeadAt or DoneAt becomes the claims' plan, where a row-lock claim
+//     that skips a held row keeps a lock on its secondary entry and the
+//     holder's completion waits for it. CreateTable adds instead an
+//     INVISIBLE STORED column sqlxbroker_state (0 unfinished, 1 done, 2
+//     dead) and the index sqlxbroker_counts on it and ReadyAt; no claim
+//     statement names the column, so none can use
+//     the index, and StateMarks has the counts read it (a table without
+//     it is counted by table scans).
 //
 // On a Galera cluster (MariaDB Galera, Percona XtraDB Cluster: wsrep_on),
 // whose nodes all take writes, Start refuses the row-lock and advisory
@@ -109,6 +118,7 @@ var _ interface {
 	core.Starter
 	core.TableCreator
 	core.DuplicateSkipper
+	core.StateMarker
 	core.ConflictDetector
 } = Dialect{}
 
@@ -678,9 +688,13 @@ var (
 // CreateTable returns one CREATE TABLE with the recommended columns and
 // indexes: BIGINT AUTO_INCREMENT id, attempt INT NOT NULL DEFAULT 1,
 // DATETIME(6) timestamps, VARCHAR(255) group and key columns, an index on
-// a custom order column, (group, order) for FIFO, and (DeadAt, DoneAt)
-// for the operations' counts. Text compares
-// byte-wise (utf8mb4_bin), as groups and keys do in Go.
+// a custom order column, (group, order) for FIFO, and, for the
+// operations' counts when the description has DeadAt or DoneAt, the
+// column sqlxbroker_state (StateMarks) with the index sqlxbroker_counts
+// on (sqlxbroker_state, ReadyAt), ReadyAt where named.
+// The column is INVISIBLE (MariaDB 10.3+, MySQL 8.0.23+): SELECT * and
+// an INSERT without a column list leave it out. Text compares byte-wise
+// (utf8mb4_bin), as groups and keys do in Go.
 func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	pl := p.Plan
 	special := map[string]string{} // lower-cased name: why it is indexed
@@ -742,14 +756,102 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	if pl.Group != "" {
 		cols = append(cols, "INDEX `sqlxbroker_fifo` ("+pl.QGroup+", "+pl.OrderBy("")+")")
 	}
-	// No index on the state columns. MariaDB has no partial indexes, and an
-	// index on (DeadAt, DoneAt) becomes the claims' plan for unfinished
-	// rows: a row-lock claim that reads a held row through it and skips it
-	// keeps its lock on the secondary entry, so the holder's completion
-	// (which deletes or changes that entry) waits on another open claim
-	// until innodb_lock_wait_timeout (the conformance suite's HostileKeys
-	// shows it). The operations' counts scan instead; docs/operations.md
-	// gives their cost.
+	// No index on the state columns themselves. MariaDB has no partial
+	// indexes, and an index on (DeadAt, DoneAt) becomes the claims' plan
+	// for unfinished rows: a row-lock claim that reads a held row through
+	// it and skips it keeps its lock on the secondary entry, so the
+	// holder's completion (which deletes or changes that entry) waits on
+	// another open claim until innodb_lock_wait_timeout (the conformance
+	// suite's HostileKeys shows it). The counts' index is on a column of
+	// its own, derived from them, that no claim statement names.
+	if expr := stateExpr(d, pl); expr != "" {
+		if seen[stateColumn] {
+			return nil, fmt.Errorf("sqlxbroker: mysql: column %s: the name is the counts' own column (sqlxbroker_state)", stateColumn)
+		}
+		cols = append(cols, d.QuoteIdent(stateColumn)+" TINYINT AS ("+expr+") STORED INVISIBLE")
+		// The lease column stays out: claims, renewals and releases would
+		// each move an entry (a lease drain ran at half the rate).
+		parts := []string{d.QuoteIdent(stateColumn)}
+		if pl.QReadyAt != "" {
+			parts = append(parts, pl.QReadyAt)
+		}
+		cols = append(cols, "INDEX "+d.QuoteIdent(countsIndex)+" ("+strings.Join(parts, ", ")+")")
+	}
 	return []string{"CREATE TABLE IF NOT EXISTS " + pl.QTable + " (\n  " + strings.Join(cols, ",\n  ") +
 		"\n) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"}, nil
+}
+
+// ---- counts ----
+
+const (
+	// stateColumn is the generated column that says a row's class for
+	// the counts: 0 unfinished, 1 done, 2 dead.
+	stateColumn = "sqlxbroker_state"
+	// countsIndex is the index on (stateColumn, ReadyAt).
+	countsIndex = "sqlxbroker_counts"
+)
+
+// stateExpr is stateColumn's expression for p's table; "" without DeadAt
+// and DoneAt (every row is then unfinished).
+func stateExpr(d Dialect, p *core.Plan) string {
+	if p.QDeadAt == "" && p.QDoneAt == "" {
+		return ""
+	}
+	e := "CASE"
+	if p.QDeadAt != "" {
+		e += " WHEN " + p.QDeadAt + " IS NOT NULL THEN 2"
+	}
+	if p.QDoneAt != "" {
+		e += " WHEN " + p.QDoneAt + " IS NOT NULL THEN 1"
+	}
+	return e + " ELSE 0 END"
+}
+
+// normalExpr is a generation expression as compared: lower case, without
+// quotes, parentheses and spaces (MariaDB and MySQL print one each their
+// own way).
+func normalExpr(e string) string {
+	return strings.Map(func(r rune) rune {
+		switch r {
+		case '`', '(', ')', ' ', '\t', '\n', '\r':
+			return -1
+		}
+		return r
+	}, strings.ToLower(e))
+}
+
+// StateMarks returns the conditions on the table's sqlxbroker_state column
+// when it has one whose expression is CreateTable's for p (read from
+// information_schema.COLUMNS on each call, so a column added or dropped
+// later is seen); nil otherwise, and the counts use the state columns.
+func (d Dialect) StateMarks(ctx context.Context, pool *core.Pool, p *core.Plan) (*core.StateMarks, error) {
+	want := stateExpr(d, p)
+	if want == "" {
+		return nil, nil
+	}
+	schema, table, found := strings.Cut(p.Table, ".")
+	if !found {
+		schema, table = "", schema
+	}
+	var expr sql.NullString
+	err := pool.DB.QueryRowContext(ctx, "SELECT GENERATION_EXPRESSION FROM information_schema.COLUMNS"+
+		" WHERE TABLE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND TABLE_NAME = ? AND COLUMN_NAME = ?",
+		schema, table, stateColumn).Scan(&expr)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("sqlxbroker: mysql: read the %s column of %s: %w", stateColumn, p.Table, err)
+	case normalExpr(expr.String) != normalExpr(want):
+		return nil, nil // not the library's column, or for other columns
+	}
+	c := p.Alias + "." + d.QuoteIdent(stateColumn)
+	m := &core.StateMarks{Unfinished: c + " = 0"}
+	if p.QDeadAt != "" {
+		m.Dead = c + " = 2"
+	}
+	if p.QDoneAt != "" {
+		m.Done = c + " = 1"
+	}
+	return m, nil
 }
