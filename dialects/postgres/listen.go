@@ -258,7 +258,7 @@ func (h *hub) connect(ctx context.Context) (err error) {
 				err = fmt.Errorf("cannot receive notifications on %T: %v", dc, r)
 			}
 		}()
-		c, _ := dc.(driver.Conn)
+		c, _ := unwrapConn(dc).(driver.Conn)
 		pq.SetNotificationHandler(c, func(n *pq.Notification) { h.subs.Wake(n.Channel) })
 		return nil
 	})
@@ -370,6 +370,13 @@ func (h *pushHub) run() {
 // Open opens a lib/pq pool on dsn whose subscriptions receive wake-ups as
 // soon as the server sends them (see Dialect.ListenDSN): the pool's driver
 // carries the DSN, so nothing is kept beside the pool. Close it as usual.
+//
+// The pool follows a failover: a connection whose statement failed because
+// its server is a standby, read-only or shutting down (Stale) is closed
+// instead of pooled, and the next one goes where dsn points then (a
+// multi-host DSN with target_session_attrs=read-write, or a name that moves
+// to the new primary). Conn.Raw on the pool's connections sees a wrapper of
+// the lib/pq connection.
 func Open(dsn string) (*sqlx.DB, error) {
 	c, err := pq.NewConnector(dsn)
 	if err != nil {
@@ -385,8 +392,17 @@ type dsnConnector struct {
 	d *dsnDriver
 }
 
-func (c *dsnConnector) Connect(ctx context.Context) (driver.Conn, error) { return c.c.Connect(ctx) }
-func (c *dsnConnector) Driver() driver.Driver                            { return c.d }
+// Connect opens a lib/pq connection that the pool discards after a Stale
+// error (see failover.go).
+func (c *dsnConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	cn, err := c.c.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &failoverConn{Conn: cn}, nil
+}
+
+func (c *dsnConnector) Driver() driver.Driver { return c.d }
 
 // dsnDriver is lib/pq's driver with the DSN its pool was opened with.
 type dsnDriver struct {
