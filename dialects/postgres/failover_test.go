@@ -420,10 +420,8 @@ func failover(t *testing.T, primary, standby *pgNode, dsn string, px *tcpProxy) 
 	defer db.Close()
 	db.SetMaxOpenConns(2*concurrency + 8)
 	db.SetMaxIdleConns(2*concurrency + 8)
-	b, err := sqlxbroker.Open(db)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var listenErrs sync.Map // what the wake-up listener logged
+	b := sqlxbroker.OpenDialect(db, postgres.Dialect{Logger: quietLogger(&listenErrs)})
 	lease := sqlxbroker.Table{Name: "failover_lease", LockedUntil: "locked_until", Lease: 2 * time.Second}
 	rowLock := sqlxbroker.Table{Name: "failover_rowlock"}
 	tables := []sqlxbroker.Table{lease, rowLock}
@@ -528,6 +526,21 @@ func failover(t *testing.T, primary, standby *pgNode, dsn string, px *tcpProxy) 
 	}()
 	// Every delivery in work waits there (the lease form claims batches of
 	// at least half its Concurrency, so it may hold fewer than 8).
+	// A subscription that never polls (PollInterval an hour) across the
+	// failover: after it, only a wake-up on the promoted server delivers.
+	wakeT := sqlxbroker.Table{Name: "failover_wake", LockedUntil: "locked_until"}
+	if err := b.CreateTable(ctx, wakeT); err != nil {
+		t.Fatal(err)
+	}
+	woken := make(chan any, 10)
+	wakeSub, err := b.Subscribe(ctx, wakeT, func(_ context.Context, d *sqlxbroker.Delivery) error {
+		woken <- d.ID()
+		return nil
+	}, sqlxbroker.SubscribeParams{PollInterval: time.Hour, MinPollInterval: time.Hour, Logger: quietLogger(&claimErrs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wakeSub.Stop(ctx)
 	waitUntil(t, 60*time.Second, "every delivery in work waiting at the gate", func() (bool, error) {
 		w0, w1 := waiting[0].Load(), waiting[1].Load()
 		if w0 > 0 && w1 > 0 && int(w0) == subs[0].InFlight() && int(w1) == subs[1].InFlight() {
@@ -544,12 +557,11 @@ func failover(t *testing.T, primary, standby *pgNode, dsn string, px *tcpProxy) 
 		// Claims reach the standby and fail there (25006) until it is
 		// promoted; each failing connection is dropped.
 		waitUntil(t, 30*time.Second, "a claim refused by the standby", func() (bool, error) {
-			found := false
-			claimErrs.Range(func(k, _ any) bool {
-				found = strings.Contains(k.(string), "25006")
-				return !found
-			})
-			return found, nil
+			return logged(&claimErrs, "25006"), nil
+		})
+		// The wake-up listener reconnects to it and is refused too.
+		waitUntil(t, 30*time.Second, "the wake-up listener refused by the standby", func() (bool, error) {
+			return logged(&listenErrs, "cannot execute LISTEN during recovery"), nil
 		})
 	}
 	promoteStart := time.Now()
@@ -602,12 +614,32 @@ func failover(t *testing.T, primary, standby *pgNode, dsn string, px *tcpProxy) 
 		if !ty.firstOK.IsZero() {
 			resume = ty.firstOK.Sub(promoted).Round(time.Millisecond).String()
 		}
+		if !ty.firstOK.IsZero() {
+			resume += fmt.Sprintf(" (%v after the stop)", ty.firstOK.Sub(stopAt).Round(time.Millisecond))
+		}
 		t.Logf("%s (%s): first completion %s after the promotion; drained %v after it; %d rows handled again, %d completions failed at the failover",
 			tb.Name, tb.Form(), resume, drained.Sub(promoted).Round(time.Millisecond), again, failed)
 		if ty.firstOK.IsZero() {
 			t.Errorf("%s: no completion after the promotion", tb.Name)
 		}
 		ty.mu.Unlock()
+	}
+	// Wake-ups work on the new primary: a publish through another pool (no
+	// in-process wake-up) reaches the subscription that never polls.
+	other := standby.open()
+	ob, err := sqlxbroker.Open(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	published := time.Now()
+	if err := ob.Publish(ctx, other, wakeT, map[string]any{"attempt": 1}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-woken:
+		t.Logf("a publish on the new primary woke the subscription in %v", time.Since(published).Round(time.Millisecond))
+	case <-time.After(30 * time.Second):
+		t.Errorf("a publish on the new primary woke no subscription in 30s; the listener logged: %v", keys(&listenErrs))
 	}
 	var dup, distinct int
 	if err := sdb.Get(&dup, "SELECT count(*) FROM (SELECT id FROM failover_audit GROUP BY id HAVING count(*) > 1) d"); err != nil {
@@ -619,6 +651,23 @@ func failover(t *testing.T, primary, standby *pgNode, dsn string, px *tcpProxy) 
 	if dup != 0 || distinct != rows {
 		t.Errorf("row-lock audit: %d rows handled more than once in committed work, %d distinct of %d", dup, distinct, rows)
 	}
+}
+
+// logged reports whether a recorded line contains text.
+func logged(seen *sync.Map, text string) bool {
+	found := false
+	seen.Range(func(k, _ any) bool {
+		found = strings.Contains(k.(string), text)
+		return !found
+	})
+	return found
+}
+
+// keys lists the recorded lines.
+func keys(seen *sync.Map) []string {
+	var out []string
+	seen.Range(func(k, _ any) bool { out = append(out, k.(string)); return true })
+	return out
 }
 
 // quietLogger records the error texts of the lines logged (claim and

@@ -38,6 +38,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -67,6 +68,11 @@ type Dialect struct {
 	// (core.RowLockSQL.Prepare): set it behind PgBouncer in transaction mode
 	// before 1.21, or with max_prepared_statements = 0.
 	NoPrepare bool
+	// Logger receives the wake-up listener's connection failures (a
+	// warning per listener at most every 30 s while they last, each one at
+	// debug level) and its recovery; default slog.Default(). Subscriptions
+	// poll while it is down.
+	Logger *slog.Logger
 }
 
 var _ interface {
