@@ -379,8 +379,9 @@ func (p *tcpProxy) cut() {
 	}
 }
 
-// TestFailover publishes 5,000 rows to a lease table and 5,000 to a
-// row-lock table on a primary, drains them with a subscription each, stops
+// TestFailover publishes rows to a table of each form (lease, row lock,
+// advisory lock; 5,000 to the lease table and 2,000 to each other with the
+// multi-host DSN, 2,000 each through the proxy) on a primary, drains them with a subscription each, stops
 // the primary with deliveries in work and promotes the standby. The
 // subscriptions must resume on the new primary by themselves and drain
 // every row, none completed twice.
@@ -397,20 +398,20 @@ func TestFailover(t *testing.T) {
 		primary, standby := startPair(t)
 		dsn := fmt.Sprintf("host=127.0.0.1,127.0.0.1 port=%d,%d user=root dbname=postgres sslmode=disable connect_timeout=2 target_session_attrs=read-write",
 			primary.port, standby.port)
-		failover(t, primary, standby, dsn, nil)
+		failover(t, primary, standby, dsn, nil, [3]int{5000, 2000, 2000})
 	})
 	t.Run("proxy", func(t *testing.T) {
 		primary, standby := startPair(t)
 		px := newProxy(t, primary.addr())
 		dsn := fmt.Sprintf("host=127.0.0.1 port=%d user=root dbname=postgres sslmode=disable connect_timeout=2", px.port())
-		failover(t, primary, standby, dsn, px)
+		failover(t, primary, standby, dsn, px, [3]int{2000, 2000, 2000})
 	})
 }
 
-// failover runs TestFailover's scenario with a pool on dsn; px, when set, is
+// failover runs TestFailover's scenario with a pool on dsn, publishing
+// counts[i] rows to the lease, row-lock and advisory table; px, when set, is
 // moved to the standby once the primary stopped.
-func failover(t *testing.T, primary, standby *pgNode, dsn string, px *tcpProxy) {
-	const rows = 5000
+func failover(t *testing.T, primary, standby *pgNode, dsn string, px *tcpProxy, counts [3]int) {
 	const concurrency = 8
 	ctx := context.Background()
 	db, err := postgres.Open(dsn)
@@ -424,12 +425,13 @@ func failover(t *testing.T, primary, standby *pgNode, dsn string, px *tcpProxy) 
 	b := sqlxbroker.OpenDialect(db, postgres.Dialect{Logger: quietLogger(&listenErrs)})
 	lease := sqlxbroker.Table{Name: "failover_lease", LockedUntil: "locked_until", Lease: 2 * time.Second}
 	rowLock := sqlxbroker.Table{Name: "failover_rowlock"}
-	tables := []sqlxbroker.Table{lease, rowLock}
-	for _, tb := range tables {
+	advisory := sqlxbroker.Table{Name: "failover_advisory", AdvisoryLock: "k-{n}"}
+	tables := []sqlxbroker.Table{lease, rowLock, advisory}
+	for i, tb := range tables {
 		if err := b.CreateTable(ctx, tb, [2]string{"n", "bigint"}); err != nil {
 			t.Fatal(err)
 		}
-		msgs := make([]any, rows)
+		msgs := make([]any, counts[i])
 		for i := range msgs {
 			msgs[i] = map[string]any{"n": i}
 		}
@@ -450,7 +452,7 @@ func failover(t *testing.T, primary, standby *pgNode, dsn string, px *tcpProxy) 
 	gate := make(chan struct{})
 	var openGate sync.Once
 	defer openGate.Do(func() { close(gate) }) // before the subscriptions stop
-	var waiting [2]atomic.Int64
+	var waiting [3]atomic.Int64
 	type tally struct {
 		mu       sync.Mutex
 		ok       map[int64]int // completions recorded, by id
@@ -459,12 +461,13 @@ func failover(t *testing.T, primary, standby *pgNode, dsn string, px *tcpProxy) 
 		firstOK  time.Time // the first completion after the promotion
 		promoted time.Time
 	}
-	var tallies [2]*tally
+	var tallies [3]*tally
 	var claimErrs sync.Map // error texts the claims met
 	subs := make([]*sqlxbroker.Subscription, len(tables))
 	for i, tb := range tables {
 		ty := &tally{ok: map[int64]int{}, failed: map[int64]int{}, handled: map[int64]int{}}
 		tallies[i] = ty
+		rows := int64(counts[i])
 		h := func(ctx context.Context, d *sqlxbroker.Delivery) error {
 			id := d.ID().(int64)
 			ty.mu.Lock()
@@ -542,11 +545,16 @@ func failover(t *testing.T, primary, standby *pgNode, dsn string, px *tcpProxy) 
 	}
 	defer wakeSub.Stop(ctx)
 	waitUntil(t, 60*time.Second, "every delivery in work waiting at the gate", func() (bool, error) {
-		w0, w1 := waiting[0].Load(), waiting[1].Load()
-		if w0 > 0 && w1 > 0 && int(w0) == subs[0].InFlight() && int(w1) == subs[1].InFlight() {
-			return true, nil
+		var why []string
+		for i, s := range subs {
+			if w := waiting[i].Load(); w == 0 || int(w) != s.InFlight() {
+				why = append(why, fmt.Sprintf("%s: %d of %d waiting (%+v)", tables[i].Name, w, s.InFlight(), s.Stats()))
+			}
 		}
-		return false, fmt.Errorf("waiting %d and %d; stats %+v, %+v", waiting[0].Load(), waiting[1].Load(), subs[0].Stats(), subs[1].Stats())
+		if why != nil {
+			return false, errors.New(strings.Join(why, "; "))
+		}
+		return true, nil
 	})
 
 	stopAt := time.Now()
@@ -575,9 +583,9 @@ func failover(t *testing.T, primary, standby *pgNode, dsn string, px *tcpProxy) 
 	t.Logf("primary stopped; promotion took %v (%v after the stop)", promoted.Sub(promoteStart), promoted.Sub(stopAt))
 
 	// Drained: no row left on the new primary, and the audit complete.
-	waitUntil(t, 60*time.Second, "both tables drained on the new primary", func() (bool, error) {
+	waitUntil(t, 60*time.Second, "the tables drained on the new primary", func() (bool, error) {
 		var n int
-		err := sdb.Get(&n, "SELECT (SELECT count(*) FROM failover_lease) + (SELECT count(*) FROM failover_rowlock)")
+		err := sdb.Get(&n, "SELECT (SELECT count(*) FROM failover_lease) + (SELECT count(*) FROM failover_rowlock) + (SELECT count(*) FROM failover_advisory)")
 		return n == 0, err
 	})
 	drained := time.Now()
@@ -589,7 +597,7 @@ func failover(t *testing.T, primary, standby *pgNode, dsn string, px *tcpProxy) 
 	for i, tb := range tables {
 		ty := tallies[i]
 		ty.mu.Lock()
-		for id := int64(1); id <= rows; id++ {
+		for id := int64(1); id <= int64(counts[i]); id++ {
 			switch {
 			case ty.handled[id] == 0:
 				t.Errorf("%s: row %d never handled", tb.Name, id)
@@ -615,10 +623,10 @@ func failover(t *testing.T, primary, standby *pgNode, dsn string, px *tcpProxy) 
 			resume = ty.firstOK.Sub(promoted).Round(time.Millisecond).String()
 		}
 		if !ty.firstOK.IsZero() {
-			resume += fmt.Sprintf(" (%v after the stop)", ty.firstOK.Sub(stopAt).Round(time.Millisecond))
+			resume += fmt.Sprintf(" after the promotion (%v after the stop)", ty.firstOK.Sub(stopAt).Round(time.Millisecond))
 		}
-		t.Logf("%s (%s): first completion %s after the promotion; drained %v after it; %d rows handled again, %d completions failed at the failover",
-			tb.Name, tb.Form(), resume, drained.Sub(promoted).Round(time.Millisecond), again, failed)
+		t.Logf("%s (%s, %d rows): first completion %s; drained %v after it; %d rows handled again, %d completions failed at the failover",
+			tb.Name, tb.Form(), counts[i], resume, drained.Sub(promoted).Round(time.Millisecond), again, failed)
 		if ty.firstOK.IsZero() {
 			t.Errorf("%s: no completion after the promotion", tb.Name)
 		}
@@ -648,8 +656,8 @@ func failover(t *testing.T, primary, standby *pgNode, dsn string, px *tcpProxy) 
 	if err := sdb.Get(&distinct, "SELECT count(DISTINCT id) FROM failover_audit"); err != nil {
 		t.Fatal(err)
 	}
-	if dup != 0 || distinct != rows {
-		t.Errorf("row-lock audit: %d rows handled more than once in committed work, %d distinct of %d", dup, distinct, rows)
+	if dup != 0 || distinct != counts[1] {
+		t.Errorf("row-lock audit: %d rows handled more than once in committed work, %d distinct of %d", dup, distinct, counts[1])
 	}
 }
 

@@ -40,7 +40,7 @@ import (
 // notifications may have been missed. A replacement that fails (the server
 // is down, or is a standby: "cannot execute LISTEN during recovery",
 // SQLSTATE 25006) is retried with a backoff that doubles up to
-// maxRetry, logged through Dialect.Logger at most once every logEvery;
+// maxRetry, logged through Dialect.Logger (see downLog);
 // subscriptions poll meanwhile, and are woken when it succeeds (after a
 // failover, on the promoted server). The pgx stdlib driver is not
 // imported, so its subscriptions poll only. A pooler in transaction mode
@@ -48,21 +48,24 @@ import (
 const heartbeat = 100 * time.Millisecond
 
 // maxRetry is the longest wait between two attempts to reconnect a
-// listener; logEvery the shortest time between two lines about its
-// failures.
+// listener. A listener down for warnAfter is logged as a warning, then at
+// most every logEvery; shorter outages (a session ended, replaced within
+// milliseconds) only at debug level.
 const (
-	maxRetry = 5 * time.Second
-	logEvery = 30 * time.Second
+	maxRetry  = 5 * time.Second
+	warnAfter = time.Second
+	logEvery  = 30 * time.Second
 )
 
-// downLog logs a listener's failures, at most one warning every logEvery
-// (each at debug level), and its recovery after them.
+// downLog logs a listener's failures: each at debug level, a warning once
+// it has been down for warnAfter and then at most every logEvery, and a
+// line when it is back after a warning.
 type downLog struct {
-	log   *slog.Logger
-	mu    sync.Mutex
-	since time.Time // the first failure not followed by a success
-	last  time.Time // the last line logged
-	n     int       // failures since the last line
+	log    *slog.Logger
+	mu     sync.Mutex
+	since  time.Time // the first failure not followed by a success
+	warned time.Time // the last warning
+	n      int       // failures since the last warning
 }
 
 func (l *downLog) failed(err error) {
@@ -73,23 +76,22 @@ func (l *downLog) failed(err error) {
 		l.since = now
 	}
 	l.n++
-	if now.Sub(l.last) < logEvery {
+	if now.Sub(l.since) < warnAfter || now.Sub(l.warned) < logEvery {
 		l.log.Debug("sqlxbroker: postgres: wake-up listener down", "err", err)
 		return
 	}
 	l.log.Warn("sqlxbroker: postgres: wake-up listener down; subscriptions poll until it reconnects",
 		"err", err, "failures", l.n, "down_for", now.Sub(l.since).Round(time.Millisecond))
-	l.last, l.n = now, 0
+	l.warned, l.n = now, 0
 }
 
 func (l *downLog) ok() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.since.IsZero() {
-		return
+	if !l.warned.IsZero() {
+		l.log.Info("sqlxbroker: postgres: wake-up listener reconnected", "down_for", time.Since(l.since).Round(time.Millisecond))
 	}
-	l.log.Info("sqlxbroker: postgres: wake-up listener reconnected", "down_for", time.Since(l.since).Round(time.Millisecond))
-	l.since, l.last, l.n = time.Time{}, time.Time{}, 0
+	l.since, l.warned, l.n = time.Time{}, time.Time{}, 0
 }
 
 // channelOf is the notification channel of p's table: "sqlxbroker:<table>",

@@ -68,10 +68,10 @@ type Dialect struct {
 	// (core.RowLockSQL.Prepare): set it behind PgBouncer in transaction mode
 	// before 1.21, or with max_prepared_statements = 0.
 	NoPrepare bool
-	// Logger receives the wake-up listener's connection failures (a
-	// warning per listener at most every 30 s while they last, each one at
-	// debug level) and its recovery; default slog.Default(). Subscriptions
-	// poll while it is down.
+	// Logger receives the wake-up listener's connection failures (each at
+	// debug level; a warning once it has been down for a second, then at
+	// most every 30 s) and its recovery; default slog.Default().
+	// Subscriptions poll while it is down.
 	Logger *slog.Logger
 }
 
