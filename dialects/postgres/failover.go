@@ -4,6 +4,9 @@ import (
 	"context"
 	"database/sql/driver"
 	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
 	"sync/atomic"
 
 	"github.com/lib/pq"
@@ -33,6 +36,28 @@ import (
 // on a node that turned read-only (a proxy or DNS name that moved while the
 // old primary stayed up as a standby) stays in the pool and fails every
 // claim it serves until it is closed (SetConnMaxLifetime bounds that).
+
+// checkHosts refuses a host that still carries a port: lib/pq reads one
+// port for the whole host list of a URL, so per-host ports in a URL
+// ("postgres://u@db1:5432,db2:5433/app") leave "db1:5432" as a host name
+// that no connection ever reaches.
+func checkHosts(cfg pq.Config) error {
+	hosts := []string{cfg.Host}
+	for _, m := range cfg.Multi {
+		hosts = append(hosts, m.Host)
+	}
+	for _, h := range hosts {
+		i := strings.LastIndexByte(h, ':')
+		if i < 0 || strings.HasPrefix(h, "/") || strings.HasPrefix(h, "@") {
+			continue
+		}
+		if _, err := netip.ParseAddr(h); err == nil {
+			continue // an IPv6 address
+		}
+		return fmt.Errorf("sqlxbroker: postgres: Open: host %q of the DSN carries a port, which lib/pq does not read from a multi-host URL; give one port for every host (postgres://u@db1,db2:5432/app) or the key=value form (host=db1,db2 port=5432,5433)", h)
+	}
+	return nil
+}
 
 // Stale reports whether err says the connection's server is not a primary
 // that takes writes: SQLSTATE 25006 read_only_sql_transaction (a standby,

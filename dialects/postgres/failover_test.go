@@ -118,6 +118,30 @@ func TestStale(t *testing.T) {
 	}
 }
 
+// TestOpenMultiHostDSN: Open takes the multi-host DSN forms lib/pq reads,
+// and refuses per-host ports in a URL, which lib/pq would read as part of
+// the host name.
+func TestOpenMultiHostDSN(t *testing.T) {
+	for _, dsn := range []string{
+		"host=db1,db2 port=5432,5433 dbname=app target_session_attrs=read-write",
+		"postgres://app@db1,db2:5433/app?target_session_attrs=read-write",
+		"postgres://app@/app?host=db1,db2&port=5432,5433&target_session_attrs=read-write",
+		"postgres://app@[::1]:5432/app",
+		"host=/var/run/postgresql dbname=app",
+	} {
+		db, err := postgres.Open(dsn)
+		if err != nil {
+			t.Errorf("Open(%q): %v", dsn, err)
+			continue
+		}
+		db.Close()
+	}
+	_, err := postgres.Open("postgres://app@db1:5432,db2:5433/app?target_session_attrs=read-write")
+	if err == nil || !strings.Contains(err.Error(), `host "db1:5432"`) {
+		t.Fatalf("Open with per-host ports in a URL: %v, want an error naming the host", err)
+	}
+}
+
 // pgBin is where the PostgreSQL server binaries the failover test runs are.
 func pgBin() string {
 	if b := os.Getenv("SQLXBROKER_PG_BIN"); b != "" {
@@ -458,20 +482,22 @@ func failover(t *testing.T, primary, standby *pgNode, dsn string, px *tcpProxy, 
 		ok       map[int64]int // completions recorded, by id
 		failed   map[int64]int // completions that returned an error
 		handled  map[int64]int
-		firstOK  time.Time // the first completion after the promotion
+		attempts map[int64][]int // each delivery's Attempt, by id
+		firstOK  time.Time       // the first completion after the promotion
 		promoted time.Time
 	}
 	var tallies [3]*tally
 	var claimErrs sync.Map // error texts the claims met
 	subs := make([]*sqlxbroker.Subscription, len(tables))
 	for i, tb := range tables {
-		ty := &tally{ok: map[int64]int{}, failed: map[int64]int{}, handled: map[int64]int{}}
+		ty := &tally{ok: map[int64]int{}, failed: map[int64]int{}, handled: map[int64]int{}, attempts: map[int64][]int{}}
 		tallies[i] = ty
 		rows := int64(counts[i])
 		h := func(ctx context.Context, d *sqlxbroker.Delivery) error {
 			id := d.ID().(int64)
 			ty.mu.Lock()
 			ty.handled[id]++
+			ty.attempts[id] = append(ty.attempts[id], d.Attempt())
 			ty.mu.Unlock()
 			if id > rows/2 {
 				select {
@@ -613,6 +639,16 @@ func failover(t *testing.T, primary, standby *pgNode, dsn string, px *tcpProxy, 
 		for id, n := range ty.handled {
 			if n > 1 {
 				again++
+				// A row-lock delivery cut off counts no attempt (its
+				// transaction rolled back); the other forms count one at
+				// the claim.
+				a := ty.attempts[id]
+				for k := 1; k < len(a); k++ {
+					if tb.Form() == sqlxbroker.RowLock && a[k] != a[k-1] || tb.Form() != sqlxbroker.RowLock && a[k] <= a[k-1] {
+						t.Errorf("%s: row %d delivered with attempts %v", tb.Name, id, a)
+						break
+					}
+				}
 			}
 			if ty.failed[id] > 0 {
 				failed++

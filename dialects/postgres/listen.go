@@ -482,7 +482,14 @@ func (h *pushHub) run() {
 // to the new primary). Conn.Raw on the pool's connections sees a wrapper of
 // the lib/pq connection.
 func Open(dsn string) (*sqlx.DB, error) {
-	c, err := pq.NewConnector(dsn)
+	cfg, err := pq.NewConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkHosts(cfg); err != nil {
+		return nil, err
+	}
+	c, err := pq.NewConnectorConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
