@@ -166,9 +166,10 @@ type leaseClaim struct {
 	mu       sync.Mutex
 	token    time.Time // the deadline the row holds for us
 	timer    *time.Timer
-	finished bool   // completion started: renewal stops
-	wasLost  bool   // the lease was lost
-	onLost   func() // called once the lease is lost
+	finished bool          // completion started: renewal stops
+	renewing chan struct{} // closed when the renewal in flight ends; nil: none
+	wasLost  bool          // the lease was lost
+	onLost   func()        // called once the lease is lost
 
 	// The completion, while it waits in the form's batcher.
 	o    core.Outcome
@@ -210,11 +211,18 @@ func (c *leaseClaim) expire() {
 	}
 }
 
-// finish stops renewal and returns the token completion must name. It is
-// called when the completion statement is about to run, so a completion that
-// waits its turn in a batch keeps its lease renewed meanwhile.
+// finish stops renewal and returns the token completion must name, after
+// the renewal in flight if any (it may change the token). It is called when
+// the completion statement is about to run, so a completion that waits its
+// turn in a batch keeps its lease renewed meanwhile.
 func (c *leaseClaim) finish() time.Time {
 	c.mu.Lock()
+	for c.renewing != nil {
+		ch := c.renewing
+		c.mu.Unlock()
+		<-ch
+		c.mu.Lock()
+	}
 	defer c.mu.Unlock()
 	c.finished = true
 	c.timer.Stop()
@@ -363,9 +371,12 @@ func (f *lease) renewer() {
 
 // renewAll renews claims in one statement where the dialect can say which
 // rows it changed, else in one transaction, so a single-writer database
-// takes its write lock once per round. Each claim is locked until the round
-// ends: a completion waiting for one then names the renewed token. Tokens
-// change only when the renewal commits.
+// takes its write lock once per round. A completion waits for the round its
+// claim is in (finish), so it names the renewed token; tokens change only
+// when the renewal commits. No claim is locked while the statement runs: a
+// renewal that cannot reach the database (a partition, where even the
+// cancel does not get through) leaves the expiry timers free to tell the
+// handlers at the lease's end.
 func (f *lease) renewAll(claims []*leaseClaim) {
 	p := f.plan
 	var live []*leaseClaim
@@ -376,6 +387,7 @@ func (f *lease) renewAll(claims []*leaseClaim) {
 	// for as long as it likes while the others are renewed.
 	now := time.Now()
 	until := now.Add(f.dur)
+	round := make(chan struct{})
 	for _, c := range claims {
 		c.mu.Lock()
 		if c.finished || c.wasLost {
@@ -383,36 +395,43 @@ func (f *lease) renewAll(claims []*leaseClaim) {
 			c.mu.Unlock()
 			continue
 		}
+		c.renewing = round
 		live = append(live, c)
 		tokens = append(tokens, c.token)
 		if c.token.After(now) {
 			until = minTime(until, c.token)
 		}
+		c.mu.Unlock()
 	}
+	var hit []bool
+	var err error
+	next := core.Now().Add(f.dur)
 	defer func() {
-		for _, c := range live {
+		for i, c := range live {
+			c.mu.Lock()
+			c.renewing = nil
+			switch {
+			case err != nil:
+				// The expiry timers tell the handlers if this goes on.
+			case !hit[i]:
+				c.markLost()
+			default:
+				// The row holds next now, even if the handler was told
+				// its lease ran out meanwhile: the completion names it.
+				c.token = next
+				c.timer.Reset(time.Until(next))
+			}
 			c.mu.Unlock()
 		}
+		close(round)
 	}()
 	if len(live) == 0 {
 		return
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), until)
 	defer cancel()
-	next := core.Now().Add(f.dur)
 	head := "UPDATE " + p.QTable + " SET " + p.QLockedUntil + " = ?"
-	hit, err := f.fencedBatch(ctx, head, []any{p.Time(next)}, p.Dialect.Features().UpdateReturning, live, tokens)
-	if err != nil {
-		return // the expiry timers tell the handlers if this goes on
-	}
-	for i, c := range live {
-		if !hit[i] {
-			c.markLost()
-			continue
-		}
-		c.token = next
-		c.timer.Reset(time.Until(next))
-	}
+	hit, err = f.fencedBatch(ctx, head, []any{p.Time(next)}, p.Dialect.Features().UpdateReturning, live, tokens)
 }
 
 func minTime(a, b time.Time) time.Time {
