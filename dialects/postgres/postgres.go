@@ -31,6 +31,14 @@
 //
 // A server older than a form needs fails the subscription at start with a
 // *sqlxbroker.VersionError (core.ErrServerTooOld).
+//
+// Failover: a pool from Open drops a connection whose statement failed
+// because its server is a standby, read-only or shutting down (Stale), so
+// with a multi-host DSN and target_session_attrs=read-write, or a name the
+// deployment moves to the new primary, subscriptions resume on a promoted
+// standby by themselves; the wake-up listener reconnects with a backoff
+// and does not loop on "cannot execute LISTEN during recovery". See
+// docs/operations.md, "PostgreSQL failover".
 package postgres
 
 import (
