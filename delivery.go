@@ -208,5 +208,6 @@ func assign(f reflect.Value, src any) error {
 
 // NewDelivery returns the delivery of a claim made by hand, as a handler
 // would receive it: for the conformance suite and tools that drive a claim
-// form themselves (Broker.Form). An application never needs it.
+// form themselves (Broker.Form). An application never needs it; its tests
+// build deliveries with package sqlxbrokertest.
 func NewDelivery(c core.Claim) *Delivery { return &Delivery{row: c.Row(), claim: c} }

@@ -90,6 +90,11 @@ type Target struct {
 	// it and skip, saying so, without it (a database without server
 	// sessions, such as SQLite, has nothing to end).
 	Sessions func(t TB) (db *sqlx.DB, kill func(t TB) int)
+	// Dial, when set, opens a pool like Open whose connections dial makes
+	// (lib/pq: Connector.Dialer; go-sql-driver/mysql: Config.DialFunc).
+	// The scenarios NetworkStall and NetworkCut put a faulty Network
+	// there, and skip, saying so, without it.
+	Dial func(t TB, dial DialFunc) *sqlx.DB
 }
 
 // runs reports whether the suite runs form f's scenarios.
@@ -160,6 +165,8 @@ func Scenarios() []Scenario {
 		{"SessionLoss", all, SessionLoss},
 		{"SessionCrash", all, SessionCrash},
 		{"HolderLost", only(sqlxbroker.Advisory), HolderLost},
+		{"NetworkStall", only(sqlxbroker.Lease), NetworkStall},
+		{"NetworkCut", all, NetworkCut},
 		{"BrokenRows", all, BrokenRows},
 		{"HandlerTx", only(sqlxbroker.RowLock), HandlerTx},
 		{"TxAfterCompletion", only(sqlxbroker.RowLock), TxAfterCompletion},

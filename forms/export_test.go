@@ -23,3 +23,11 @@ func EndKeySession(f core.ClaimForm) {
 		a.keys.fail()
 	}
 }
+
+// SetClock makes a lease form read the time from clock.
+func SetClock(f core.ClaimForm, clock func() time.Time) {
+	if u, ok := f.(interface{ Unwrap() core.ClaimForm }); ok {
+		f = u.Unwrap()
+	}
+	f.(*lease).clock = clock
+}

@@ -27,10 +27,14 @@ type lease struct {
 	startOne sync.Once
 
 	batch batcher[*leaseClaim] // completions, written in batches by flush
+
+	// clock is the host's clock (core.Now) the leases are written and
+	// compared with; tests skew it.
+	clock func() time.Time
 }
 
 func newLease(b base) *lease {
-	f := &lease{base: b, dur: b.plan.Lease, active: map[*leaseClaim]struct{}{}, done: make(chan struct{})}
+	f := &lease{base: b, dur: b.plan.Lease, active: map[*leaseClaim]struct{}{}, done: make(chan struct{}), clock: core.Now}
 	f.batch.flush = f.flush
 	return f
 }
@@ -70,7 +74,7 @@ func (f *lease) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 		// instead, and the stop waits for them.
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
 		defer cancel()
-		return f.claimOn(sctx, f.db, nil, core.Now(), max)
+		return f.claimOn(sctx, f.db, nil, f.clock(), max)
 	}
 	tx, err := f.begin(ctx)
 	if err != nil {
@@ -79,7 +83,7 @@ func (f *lease) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
 	// The clock is read once the transaction is open: a begin that waited
 	// for the database (SQLite's one writer) must not shorten the lease.
-	return f.claimOn(ctx, tx, tx, core.Now(), max)
+	return f.claimOn(ctx, tx, tx, f.clock(), max)
 }
 
 // claimTimeout bounds a claim statement that a stop does not cut short.
@@ -166,10 +170,14 @@ type leaseClaim struct {
 	mu       sync.Mutex
 	token    time.Time // the deadline the row holds for us
 	timer    *time.Timer
-	finished bool          // completion started: renewal stops
-	renewing chan struct{} // closed when the renewal in flight ends; nil: none
-	wasLost  bool          // the lease was lost
-	onLost   func()        // called once the lease is lost
+	finished bool // completion started: renewal stops
+
+	// lmu, not mu (which a renewal round holds while its statement runs,
+	// however long the network makes it), guards the loss, so a lease
+	// whose renewal cannot reach the database is told lost at its end.
+	lmu     sync.Mutex
+	wasLost bool   // the lease was lost
+	onLost  func() // called once the lease is lost
 
 	// The completion, while it waits in the form's batcher.
 	o    core.Outcome
@@ -178,51 +186,59 @@ type leaseClaim struct {
 
 func (c *leaseClaim) Row() *core.Row { return &c.row }
 
-// markLost records the loss and runs the OnLost function. The caller holds
-// c.mu.
+// markLost records the loss and runs the OnLost function once.
 func (c *leaseClaim) markLost() {
+	c.lmu.Lock()
+	fn := c.onLost
 	if c.wasLost {
-		return
+		fn = nil
 	}
 	c.wasLost = true
-	if c.onLost != nil {
-		c.onLost()
+	c.lmu.Unlock()
+	if fn != nil {
+		fn()
 	}
+}
+
+// lost reports whether the lease was lost.
+func (c *leaseClaim) lost() bool {
+	c.lmu.Lock()
+	defer c.lmu.Unlock()
+	return c.wasLost
 }
 
 // OnLost runs fn when the lease is lost.
 func (c *leaseClaim) OnLost(fn func()) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.lmu.Lock()
 	if c.wasLost {
+		c.lmu.Unlock()
 		fn()
 		return
 	}
 	c.onLost = fn
+	c.lmu.Unlock()
 }
 
 // expire fires when the deadline passes without a renewal: another claim may
-// now take the row, so the handler is told.
+// now take the row, so the handler is told. A renewal round still running
+// then (it holds c.mu) has not renewed the lease in time: whatever it does
+// later, the row was claimable meanwhile.
 func (c *leaseClaim) expire() {
-	c.mu.Lock()
+	if !c.mu.TryLock() {
+		c.markLost()
+		return
+	}
 	defer c.mu.Unlock()
 	if !c.finished && !time.Now().Before(c.token) {
 		c.markLost()
 	}
 }
 
-// finish stops renewal and returns the token completion must name, after
-// the renewal in flight if any (it may change the token). It is called when
-// the completion statement is about to run, so a completion that waits its
-// turn in a batch keeps its lease renewed meanwhile.
+// finish stops renewal and returns the token completion must name. It is
+// called when the completion statement is about to run, so a completion that
+// waits its turn in a batch keeps its lease renewed meanwhile.
 func (c *leaseClaim) finish() time.Time {
 	c.mu.Lock()
-	for c.renewing != nil {
-		ch := c.renewing
-		c.mu.Unlock()
-		<-ch
-		c.mu.Lock()
-	}
 	defer c.mu.Unlock()
 	c.finished = true
 	c.timer.Stop()
@@ -371,12 +387,9 @@ func (f *lease) renewer() {
 
 // renewAll renews claims in one statement where the dialect can say which
 // rows it changed, else in one transaction, so a single-writer database
-// takes its write lock once per round. A completion waits for the round its
-// claim is in (finish), so it names the renewed token; tokens change only
-// when the renewal commits. No claim is locked while the statement runs: a
-// renewal that cannot reach the database (a partition, where even the
-// cancel does not get through) leaves the expiry timers free to tell the
-// handlers at the lease's end.
+// takes its write lock once per round. Each claim is locked until the round
+// ends: a completion waiting for one then names the renewed token. Tokens
+// change only when the renewal commits.
 func (f *lease) renewAll(claims []*leaseClaim) {
 	p := f.plan
 	var live []*leaseClaim
@@ -387,51 +400,43 @@ func (f *lease) renewAll(claims []*leaseClaim) {
 	// for as long as it likes while the others are renewed.
 	now := time.Now()
 	until := now.Add(f.dur)
-	round := make(chan struct{})
 	for _, c := range claims {
 		c.mu.Lock()
-		if c.finished || c.wasLost {
+		if c.finished || c.lost() {
 			// A lost lease is another claim's now: nothing to renew.
 			c.mu.Unlock()
 			continue
 		}
-		c.renewing = round
 		live = append(live, c)
 		tokens = append(tokens, c.token)
 		if c.token.After(now) {
 			until = minTime(until, c.token)
 		}
-		c.mu.Unlock()
 	}
-	var hit []bool
-	var err error
-	next := core.Now().Add(f.dur)
 	defer func() {
-		for i, c := range live {
-			c.mu.Lock()
-			c.renewing = nil
-			switch {
-			case err != nil:
-				// The expiry timers tell the handlers if this goes on.
-			case !hit[i]:
-				c.markLost()
-			default:
-				// The row holds next now, even if the handler was told
-				// its lease ran out meanwhile: the completion names it.
-				c.token = next
-				c.timer.Reset(time.Until(next))
-			}
+		for _, c := range live {
 			c.mu.Unlock()
 		}
-		close(round)
 	}()
 	if len(live) == 0 {
 		return
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), until)
 	defer cancel()
+	next := f.clock().Add(f.dur)
 	head := "UPDATE " + p.QTable + " SET " + p.QLockedUntil + " = ?"
-	hit, err = f.fencedBatch(ctx, head, []any{p.Time(next)}, p.Dialect.Features().UpdateReturning, live, tokens)
+	hit, err := f.fencedBatch(ctx, head, []any{p.Time(next)}, p.Dialect.Features().UpdateReturning, live, tokens)
+	if err != nil {
+		return // the expiry timers tell the handlers if this goes on
+	}
+	for i, c := range live {
+		if !hit[i] {
+			c.markLost()
+			continue
+		}
+		c.token = next
+		c.timer.Reset(time.Until(next))
+	}
 }
 
 func minTime(a, b time.Time) time.Time {

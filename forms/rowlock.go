@@ -332,7 +332,9 @@ func (f *rowLock) claimIn(ctx context.Context, t *claimTx) (core.Claim, error) {
 	if err != nil {
 		return fail(err)
 	}
-	return &rowLockClaim{f: f, t: t, row: f.delivery(r, attempt, "")}, nil
+	c := &rowLockClaim{f: f, t: t, row: f.delivery(r, attempt, "")}
+	c.watch = time.AfterFunc(pingEvery, c.check)
+	return c, nil
 }
 
 // claimHead claims the head of one FIFO group under the dialect's group
@@ -384,12 +386,57 @@ type rowLockClaim struct {
 	txUsed bool  // the handler asked for the transaction
 	sealed bool  // the completion started: the handler's access ended
 	txErr  error // the savepoint's error
+
+	watch  *time.Timer // the next check of the transaction's connection
+	lost   error       // the check failed: the server has ended the transaction
+	onLost func()
 }
 
 func (c *rowLockClaim) Row() *core.Row { return &c.row }
 
-// OnLost: a row lock is held until the transaction ends.
-func (c *rowLockClaim) OnLost(func()) {}
+// OnLost runs fn when the claim transaction's connection is found broken
+// (check): the server has rolled the transaction back, so the row is
+// another claim's to take.
+func (c *rowLockClaim) OnLost(fn func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.lost != nil {
+		fn()
+		return
+	}
+	c.onLost = fn
+}
+
+// check runs a statement in the claim transaction every pingEvery while
+// the handler runs without having asked for the transaction (a handler that
+// did learns of a broken connection from its own statements): a connection
+// cut or a session ended leaves the transaction rolled back on the server
+// and the row claimable at once, so the handler is told (OnLost) rather than
+// running on for a row it no longer holds. The statement has no deadline of
+// its own: cancelling it would cancel the session's statement in progress,
+// which may be the handler's; a stalled network holds it, and the row lock
+// with it, until the connection ends or recovers.
+func (c *rowLockClaim) check() {
+	c.mu.Lock()
+	if c.sealed || c.txUsed {
+		c.mu.Unlock()
+		return
+	}
+	c.mu.Unlock()
+	_, err := c.t.tx.ExecContext(c.t.ctx, "SELECT 1")
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.sealed || c.t.ctx.Err() != nil:
+	case err != nil:
+		c.lost = fmt.Errorf("sqlxbroker: row-lock claim on %s: the claim transaction's connection failed: %v: %w", c.f.plan.Table, err, core.ErrLeaseLost)
+		if c.onLost != nil {
+			c.onLost()
+		}
+	default:
+		c.watch.Reset(pingEvery)
+	}
+}
 
 // Tx hands the handler the claim transaction. The first call takes a
 // savepoint, so a failed handler's writes can be rolled back while its
@@ -413,11 +460,12 @@ func (c *rowLockClaim) Tx() (*sqlx.Tx, error) {
 // seal ends the handler's access to the transaction and reports whether
 // it asked for it: a handler that kept its delivery cannot write into the
 // transaction once it carries another delivery (chained commits).
-func (c *rowLockClaim) seal() (used bool) {
+func (c *rowLockClaim) seal() (used bool, lost error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.sealed = true
-	return c.txUsed
+	c.watch.Stop()
+	return c.txUsed, c.lost
 }
 
 // Complete records o (complete) and calls done before it returns.
@@ -428,12 +476,18 @@ func (c *rowLockClaim) Complete(ctx context.Context, o core.Outcome, done func(e
 // complete runs the completion statement in the delivery's transaction and
 // commits. A failed handler's writes through Delivery.Tx are rolled back to
 // the savepoint first. Any error rolls everything back: the row is
-// claimable again with its attempt unchanged. When the dialect chains
+// claimable again with its attempt unchanged. A claim whose connection
+// check failed is rolled back and reports ErrLeaseLost: its row may be
+// another claim's by now. When the dialect chains
 // commits and the handler never asked for the transaction, the commit
 // chains and the transaction waits for the worker's next claim.
 func (c *rowLockClaim) complete(ctx context.Context, o core.Outcome) error {
 	t := c.t
-	used := c.seal()
+	used, lost := c.seal()
+	if lost != nil {
+		t.rollback()
+		return lost
+	}
 	if o.Kind == core.Released {
 		defer t.cancel()
 		return t.tx.Rollback()

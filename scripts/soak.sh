@@ -20,7 +20,8 @@
 #
 # Environment: SOAK_DURATION (5m), SOAK_WORKERS (3), SOAK_CONCURRENCY (8),
 # SOAK_RATE (5 messages/s per worker and form), SOAK_KILL_EVERY (8s),
-# SOAK_SESSION_KILL_EVERY (20s), SOAK_OUT (/var/tmp/sqlxbroker-soak-out),
+# SOAK_SESSION_KILL_EVERY (20s), SOAK_NET_FAULT_EVERY (15s: a stall of the
+# workers' connections through a loopback proxy, or a cut of all), SOAK_OUT (/var/tmp/sqlxbroker-soak-out),
 # SOAK_PG_MAJOR (16), SOAK_PG_VERSION (npm version; default the newest of
 # the major), SOAK_PG_PORT (5499), SOAK_MARIADB_PORT (3399).
 set -euo pipefail
@@ -166,6 +167,7 @@ soak() {
   local args=(--driver "$driver" --dsn "$dsn" --duration "${SOAK_DURATION:-5m}"
     --workers "${SOAK_WORKERS:-3}" --concurrency "${SOAK_CONCURRENCY:-8}" --rate "${SOAK_RATE:-5}"
     --kill-every "${SOAK_KILL_EVERY:-8s}" --session-kill-every "${SOAK_SESSION_KILL_EVERY:-20s}"
+    --net-fault-every "${SOAK_NET_FAULT_EVERY:-15s}"
     --log-dir "$OUT/$name-logs" --json-out "$OUT/$name.json")
   [ -z "$restart" ] || args+=(--restart-cmd "$restart")
   log "soak on $name: $BIN soak ${args[*]}"

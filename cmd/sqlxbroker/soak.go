@@ -85,6 +85,7 @@ type soakConfig struct {
 	SessionKillEvery time.Duration // mean time between session terminations; 0: none
 	RestartCmd       string        // shell command restarting the server; "": none
 	RestartAt        float64       // fraction of Duration at which it runs
+	NetFaultEvery    time.Duration // mean time between network faults (a stall or a cut); 0: none
 
 	Calm         time.Duration // longest calm phase
 	DrainTimeout time.Duration
@@ -142,6 +143,7 @@ func soakCmd(args []string) error {
 	fs.DurationVar(&c.SessionKillEvery, "session-kill-every", 20*time.Second, "mean time between terminations of worker sessions from the server (0: none)")
 	fs.StringVar(&c.RestartCmd, "restart-cmd", "", "shell command that restarts the database server, run once mid-run")
 	fs.Float64Var(&c.RestartAt, "restart-at", 0.5, "when the restart runs, as a fraction of --duration")
+	fs.DurationVar(&c.NetFaultEvery, "net-fault-every", 15*time.Second, "mean time between network faults on the workers' connections, through a loopback proxy: a stall of 0.25 to 1.5 leases or a cut of every connection (0: none; not for sqlite)")
 	fs.DurationVar(&c.Calm, "calm", 60*time.Second, "longest wait, after the faults, for every worker to record work in every form")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 3*time.Minute, "longest wait for the tables to drain")
 	fs.StringVar(&c.Prefix, "prefix", "soak", "prefix of the soak's table names (they are dropped and created)")
@@ -449,6 +451,9 @@ type soakFaults struct {
 	SessionEvents  int      `json:"session_termination_events"`
 	SessionsKilled int      `json:"sessions_terminated"`
 	Restarts       int      `json:"server_restarts"`
+	NetStalls      int      `json:"network_stalls"`
+	NetCuts        int      `json:"network_cuts"`
+	ConnsCut       int      `json:"connections_cut"`
 	RestartTook    string   `json:"server_restart_took,omitempty"`
 	Crashes        []string `json:"unexpected_worker_exits,omitempty"`
 }
@@ -493,6 +498,21 @@ func runSoak(ctx context.Context, c soakConfig) (*soakReport, error) {
 	_ = setup.QueryRowContext(ctx, serverVersionQuery(c.Driver)).Scan(&server)
 	setup.Close()
 
+	// Workers reach the server through the faulty network, if any.
+	workerBase := c.DSN
+	var proxy *soakProxy
+	if c.NetFaultEvery > 0 && c.Driver != "sqlite" {
+		_, upstream, err := proxyDSN(c.Driver, c.DSN, "")
+		if err != nil {
+			return nil, err
+		}
+		if proxy, err = startSoakProxy(upstream); err != nil {
+			return nil, err
+		}
+		defer proxy.close()
+		workerBase, _, _ = proxyDSN(c.Driver, c.DSN, proxy.addr())
+	}
+
 	names := make([]string, len(forms))
 	for i, f := range forms {
 		names[i] = f.String()
@@ -521,7 +541,7 @@ func runSoak(ctx context.Context, c soakConfig) (*soakReport, error) {
 			pub, wakeOnly = nil, true
 		}
 		workers[i] = &worker{idx: i, args: c.WorkerArgs, logf: lf, cfg: workerConfig{
-			Index: i, Driver: c.Driver, DSN: sessionDSN(c.Driver, c.DSN, workerAppName(c.RunID, i)), Prefix: c.Prefix,
+			Index: i, Driver: c.Driver, DSN: sessionDSN(c.Driver, workerBase, workerAppName(c.RunID, i)), Prefix: c.Prefix,
 			Subscribe: sub, Publish: pub, Concurrency: c.Concurrency, Rate: c.Rate, Lease: c.Lease,
 			MaxAttempts: c.MaxAttempts, FailPct: c.FailPct, SlowPct: c.SlowPct, PoisonPct: c.PoisonPct,
 			WakeOnly: wakeOnly,
@@ -621,6 +641,30 @@ func runSoak(ctx context.Context, c soakConfig) (*soakReport, error) {
 			logf("terminated %d worker sessions", n)
 		})
 	}
+	if proxy != nil {
+		every(c.NetFaultEvery, func() {
+			if rand.IntN(2) == 0 {
+				n := proxy.net.Cut()
+				mu.Lock()
+				faults.NetCuts++
+				faults.ConnsCut += n
+				mu.Unlock()
+				logf("network cut: %d connections", n)
+				return
+			}
+			d := time.Duration((0.25 + 1.25*rand.Float64()) * float64(c.Lease))
+			proxy.net.Stall()
+			select {
+			case <-faultCtx.Done():
+			case <-time.After(d):
+			}
+			proxy.net.Resume()
+			mu.Lock()
+			faults.NetStalls++
+			mu.Unlock()
+			logf("network stalled for %v", d.Round(time.Millisecond))
+		})
+	}
 	if c.RestartCmd != "" {
 		wg.Add(1)
 		go func() {
@@ -682,7 +726,7 @@ func runSoak(ctx context.Context, c soakConfig) (*soakReport, error) {
 				mu.Lock()
 				f := faults
 				mu.Unlock()
-				logf("kills %d, session terminations %d (%d sessions), restarts %d; %s", f.Kills, f.SessionEvents, f.SessionsKilled, f.Restarts, progress(faultCtx, mon, c, forms))
+				logf("kills %d, session terminations %d (%d sessions), restarts %d, network stalls %d, cuts %d; %s", f.Kills, f.SessionEvents, f.SessionsKilled, f.Restarts, f.NetStalls, f.NetCuts, progress(faultCtx, mon, c, forms))
 			}
 		}
 	}()
@@ -694,7 +738,8 @@ func runSoak(ctx context.Context, c soakConfig) (*soakReport, error) {
 	mu.Lock()
 	rep.Faults = faults
 	mu.Unlock()
-	logf("faults stopped: %d kills, %d session terminations (%d sessions), %d server restarts", faults.Kills, faults.SessionEvents, faults.SessionsKilled, faults.Restarts)
+	logf("faults stopped: %d kills, %d session terminations (%d sessions), %d server restarts, %d network stalls, %d network cuts (%d connections)",
+		faults.Kills, faults.SessionEvents, faults.SessionsKilled, faults.Restarts, faults.NetStalls, faults.NetCuts, faults.ConnsCut)
 
 	// Calm: every live worker must record outcomes in each of its forms.
 	calmStart := time.Now()

@@ -327,7 +327,7 @@ func (r *soakReport) print(w io.Writer) {
 	if f.RestartTook != "" {
 		fmt.Fprintf(w, " (took %s)", f.RestartTook)
 	}
-	fmt.Fprintln(w)
+	fmt.Fprintf(w, ", %d network stalls, %d network cuts (%d connections)\n", f.NetStalls, f.NetCuts, f.ConnsCut)
 	fmt.Fprintf(w, "\n%-12s %9s %9s %6s %7s %6s %5s %6s %7s %7s %6s %10s\n", "form", "published", "completed", "dead",
 		"pending", "twice", "lost", "other", "runs", "failed", "extra", "unrecorded")
 	for _, fr := range append(append([]formReport{}, r.Forms...), r.Total) {

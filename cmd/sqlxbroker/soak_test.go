@@ -65,10 +65,13 @@ func TestSoak(t *testing.T) {
 			t.Fatal("SQLXBROKER_SOAK=1 needs SQLXBROKER_POSTGRES_DSN")
 		}
 		c := testSoakConfig(t, "postgres", dsn)
-		c.Duration, c.SessionKillEvery = dur, dur/4
+		c.Duration, c.SessionKillEvery, c.NetFaultEvery = dur, dur/4, dur/4
 		rep := runTestSoak(t, c)
 		if rep.Faults.SessionsKilled < 1 {
 			t.Errorf("no session terminated in %v", dur)
+		}
+		if rep.Faults.NetStalls+rep.Faults.NetCuts < 1 {
+			t.Errorf("no network fault in %v", dur)
 		}
 	})
 	t.Run("mysql", func(t *testing.T) {
@@ -82,10 +85,13 @@ func TestSoak(t *testing.T) {
 		}
 		t.Cleanup(drop)
 		c := testSoakConfig(t, "mysql", own)
-		c.Duration, c.SessionKillEvery = dur, dur/4
+		c.Duration, c.SessionKillEvery, c.NetFaultEvery = dur, dur/4, dur/4
 		rep := runTestSoak(t, c)
 		if rep.Faults.SessionsKilled < 1 {
 			t.Errorf("no session terminated in %v", dur)
+		}
+		if rep.Faults.NetStalls+rep.Faults.NetCuts < 1 {
+			t.Errorf("no network fault in %v", dur)
 		}
 	})
 }

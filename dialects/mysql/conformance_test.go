@@ -1,10 +1,12 @@
 package mysql_test
 
 import (
+	"database/sql"
 	sqldriver "database/sql/driver"
 	"testing"
 
 	driver "github.com/go-sql-driver/mysql"
+	"github.com/jmoiron/sqlx"
 
 	"github.com/sqlxbroker/sqlxbroker/conformance"
 	"github.com/sqlxbroker/sqlxbroker/conformance/provision"
@@ -34,5 +36,16 @@ func target(t *testing.T, dsn string) conformance.Target {
 	tg := conformance.DSNTarget(mysql.Dialect{}, "mysql", dsn)
 	tg.Sessions = conformance.Sessions("mysql", func() (sqldriver.Connector, error) { return driver.NewConnector(cfg) },
 		"SELECT CONNECTION_ID()", "KILL CONNECTION %d")
+	tg.Dial = func(t conformance.TB, dial conformance.DialFunc) *sqlx.DB {
+		c := cfg.Clone()
+		c.DialFunc = dial
+		conn, err := driver.NewConnector(c)
+		if err != nil {
+			t.Fatalf("connector: %v", err)
+		}
+		db := sqlx.NewDb(sql.OpenDB(conn), "mysql")
+		t.Cleanup(func() { db.Close() })
+		return db
+	}
 	return tg
 }

@@ -2,11 +2,14 @@ package postgres_test
 
 import (
 	"context"
+	"database/sql"
 	"database/sql/driver"
 	"github.com/sqlxbroker/sqlxbroker/internal/testreport"
+	"net"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
@@ -31,7 +34,34 @@ func target(dsn string) conformance.Target {
 		Open:    openDSN(dsn),
 		Sessions: conformance.Sessions("postgres", func() (driver.Connector, error) { return pq.NewConnector(dsn) },
 			"SELECT pg_backend_pid()", "SELECT pg_terminate_backend(%d)"),
+		Dial: func(t conformance.TB, dial conformance.DialFunc) *sqlx.DB {
+			c, err := pq.NewConnector(dsn)
+			if err != nil {
+				t.Fatalf("connector: %v", err)
+			}
+			c.Dialer(dialer(dial))
+			db := sqlx.NewDb(sql.OpenDB(c), "postgres")
+			t.Cleanup(func() { db.Close() })
+			return db
+		},
 	}
+}
+
+// dialer is a conformance.DialFunc as lib/pq's Dialer.
+type dialer conformance.DialFunc
+
+func (d dialer) Dial(network, addr string) (net.Conn, error) {
+	return d(context.Background(), network, addr)
+}
+
+func (d dialer) DialTimeout(network, addr string, timeout time.Duration) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return d(ctx, network, addr)
+}
+
+func (d dialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	return d(ctx, network, addr)
 }
 
 // matrixDSN returns the DSN in env var name, set by scripts/pg-matrix.sh.

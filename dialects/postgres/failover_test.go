@@ -333,12 +333,11 @@ func replayed(t *testing.T, primary, standby *sqlx.DB) {
 // tcpProxy forwards loopback connections to a target it can be moved off,
 // as a DNS name, a virtual IP or a pooler moves to a new primary.
 type tcpProxy struct {
-	ln      net.Listener
-	target  atomic.Value // string
-	stalled atomic.Bool  // hold every byte and every new connection
-	mu      sync.Mutex
-	conns   map[net.Conn]struct{}
-	wg      sync.WaitGroup
+	ln     net.Listener
+	target atomic.Value // string
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	wg     sync.WaitGroup
 }
 
 func newProxy(t *testing.T, target string) *tcpProxy {
@@ -352,7 +351,6 @@ func newProxy(t *testing.T, target string) *tcpProxy {
 	p.wg.Add(1)
 	go p.serve()
 	t.Cleanup(func() {
-		p.stall(false)
 		ln.Close()
 		p.cut()
 		p.wg.Wait()
@@ -369,7 +367,6 @@ func (p *tcpProxy) serve() {
 		if err != nil {
 			return
 		}
-		p.flowing()
 		s, err := net.DialTimeout("tcp", p.target.Load().(string), 2*time.Second)
 		if err != nil {
 			c.Close()
@@ -381,19 +378,7 @@ func (p *tcpProxy) serve() {
 		p.wg.Add(2)
 		pipe := func(dst, src net.Conn) {
 			defer p.wg.Done()
-			buf := make([]byte, 32<<10)
-			for {
-				n, err := src.Read(buf)
-				if n > 0 {
-					p.flowing()
-					if _, werr := dst.Write(buf[:n]); werr != nil {
-						break
-					}
-				}
-				if err != nil {
-					break
-				}
-			}
+			_, _ = io.Copy(dst, src)
 			dst.Close()
 			src.Close()
 			p.mu.Lock()
@@ -403,17 +388,6 @@ func (p *tcpProxy) serve() {
 		}
 		go pipe(c, s)
 		go pipe(s, c)
-	}
-}
-
-// stall holds (on) or lets through (off) every byte and new connection, as
-// a network partition does: nothing is closed.
-func (p *tcpProxy) stall(on bool) { p.stalled.Store(on) }
-
-// flowing waits while the proxy is stalled (or until it is closed).
-func (p *tcpProxy) flowing() {
-	for p.stalled.Load() {
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
