@@ -553,8 +553,6 @@ func failover(t *testing.T, primary, standby *pgNode, dsn string, px *tcpProxy, 
 		}
 		_ = b.Close(ctx)
 	}()
-	// Every delivery in work waits there (the lease form claims batches of
-	// at least half its Concurrency, so it may hold fewer than 8).
 	// A subscription that never polls (PollInterval an hour) across the
 	// failover: after it, only a wake-up on the promoted server delivers.
 	wakeT := sqlxbroker.Table{Name: "failover_wake", LockedUntil: "locked_until"}
@@ -570,6 +568,8 @@ func failover(t *testing.T, primary, standby *pgNode, dsn string, px *tcpProxy, 
 		t.Fatal(err)
 	}
 	defer wakeSub.Stop(ctx)
+	// Every delivery in work waits there (the lease form claims batches of
+	// at least half its Concurrency, so it may hold fewer than 8).
 	waitUntil(t, 60*time.Second, "every delivery in work waiting at the gate", func() (bool, error) {
 		var why []string
 		for i, s := range subs {
