@@ -182,9 +182,23 @@ func (n *pgNode) try(name string, args ...string) ([]byte, error) {
 	return c.CombinedOutput()
 }
 
+// start starts the server; a port taken meanwhile by another program is
+// replaced by a new free one (up to three tries).
 func (n *pgNode) start() {
 	n.t.Helper()
-	n.cmd("pg_ctl", "-D", n.dir, "-l", filepath.Join(n.base, n.name+".log"), "-w", "-t", "60", "start")
+	log := filepath.Join(n.base, n.name+".log")
+	for try := 1; ; try++ {
+		out, err := n.try("pg_ctl", "-D", n.dir, "-l", log, "-w", "-t", "60", "start")
+		if err == nil {
+			return
+		}
+		text, _ := os.ReadFile(log)
+		if try == 3 || !strings.Contains(string(text), "already in use") {
+			n.t.Fatalf("pg_ctl start %s: %v\n%s\n%s", n.name, err, out, text)
+		}
+		n.port = freePort(n.t)
+		n.conf(fmt.Sprintf("port = %d", n.port))
+	}
 }
 
 // stop stops the server at once, as a crash would: no shutdown checkpoint,
