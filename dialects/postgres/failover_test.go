@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -263,11 +264,15 @@ func startPair(t *testing.T) (primary, standby *pgNode) {
 		runAs = []string{"runuser", "-u", "postgres", "--"}
 	}
 	testreport.Tested(t, "PostgreSQL failover", "a primary and a standby from "+pgBin())
+	reapClusters(t, runAs)
 	base, err := os.MkdirTemp("", "sqlxbroker-failover-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(base) })
+	if err := os.WriteFile(filepath.Join(base, "owner.pid"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if uid >= 0 {
 		if err := os.Chown(base, uid, gid); err != nil {
 			t.Fatal(err)
@@ -306,6 +311,29 @@ func startPair(t *testing.T) (primary, standby *pgNode) {
 		t.Fatalf("standby in recovery: %v, %v", rec, err)
 	}
 	return primary, standby
+}
+
+// reapClusters stops the servers, and removes the directory, of clusters
+// an earlier test process left behind (it was killed or timed out before
+// its cleanup ran): their owner.pid names a process that is gone.
+func reapClusters(t *testing.T, runAs []string) {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "sqlxbroker-failover-*"))
+	for _, base := range dirs {
+		b, err := os.ReadFile(filepath.Join(base, "owner.pid"))
+		if err != nil {
+			continue
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || pid == os.Getpid() || syscall.Kill(pid, 0) != syscall.ESRCH {
+			continue // still running (or not ours to judge)
+		}
+		for _, name := range []string{"primary", "standby"} {
+			n := &pgNode{t: t, name: name, base: base, dir: filepath.Join(base, name), runAs: runAs}
+			_, _ = n.try("pg_ctl", "-D", n.dir, "-m", "immediate", "-w", "stop")
+		}
+		t.Logf("removed the clusters of test process %d, which ended without its cleanup: %s", pid, base)
+		os.RemoveAll(base)
+	}
 }
 
 // waitUntil polls cond until it holds, failing the test after limit.
