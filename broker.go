@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/sqlxbroker/sqlxbroker/core"
@@ -22,6 +23,8 @@ type Broker struct {
 	pool    *core.Pool
 
 	local wake.Fanout // in-process wake-ups: each subscription's wake channel, by table
+
+	metadata atomic.Pointer[MetadataFunc] // SetMetadataFunc's; nil: none
 
 	mu     sync.Mutex
 	closed bool
@@ -104,12 +107,13 @@ func (f *checkedForm) Unwrap() core.ClaimForm { return f.ClaimForm }
 
 // Start runs the dialect's Starter (the server, the column types), then
 // checks that the live table has every column the description names; a bad
-// description is named as such on any server, too old or not.
+// description is named as such on any server, too old or not, or refusing
+// the form.
 func (f *checkedForm) Start(ctx context.Context) error {
 	if s := f.p.Caps.Starter; s != nil {
 		stop, err := s.Start(ctx, f.b.pool, f.p)
 		if err != nil {
-			if errors.Is(err, ErrServerTooOld) {
+			if errors.Is(err, ErrServerTooOld) || errors.Is(err, ErrFormUnavailable) {
 				if lerr := checkLive(ctx, f.b.db, f.t, f.p); lerr != nil {
 					return lerr
 				}
@@ -162,9 +166,12 @@ func (b *Broker) Subscribe(ctx context.Context, t Table, h Handler, p SubscribeP
 	if w := plan.Caps.Waker; w != nil && p.Wake == nil {
 		var lctx context.Context
 		lctx, stopListen = context.WithCancel(context.Background())
-		if ch, err := w.Listen(lctx, b.pool, plan); err == nil {
+		switch ch, err := w.Listen(lctx, b.pool, plan); {
+		case err == nil:
 			p.Wake = ch
-		} else {
+		case errors.Is(err, ErrUnsupported): // the connection is set up without them
+			logger(p).Info("sqlxbroker: no wake-ups on this connection, polling only", "table", t.Name, "why", err)
+		default:
 			logger(p).Warn("sqlxbroker: wake-ups unavailable, polling only", "table", t.Name, "err", err)
 		}
 	}

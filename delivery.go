@@ -26,7 +26,63 @@ type Handler func(ctx context.Context, d *Delivery) error
 type Delivery struct {
 	row   *core.Row
 	claim core.Claim
+	table *Table // the subscription's description; nil for NewDelivery's
 }
+
+// Metadata returns the row's Metadata column (Table.Metadata) as text: what
+// the publisher's MetadataFunc stored (Broker.SetMetadataFunc). It is ""
+// when the table names no such column, the row holds NULL, or the
+// delivery was made by NewDelivery.
+func (d *Delivery) Metadata() string {
+	if d.table == nil || d.table.Metadata == "" {
+		return ""
+	}
+	v, ok := d.Value(d.table.Metadata)
+	if !ok || v == nil {
+		return ""
+	}
+	switch s := v.(type) {
+	case string:
+		return s
+	case []byte:
+		return string(s)
+	}
+	return fmt.Sprint(v)
+}
+
+// ReadyAt returns the row's ReadyAt column (Table.ReadyAt) as it stood when
+// the row was claimed: the time the row became ready, which Publish sets to
+// the publish time (or the Delay's end) and a retry to its retry time. ok
+// is false when the table names no such column, the row holds NULL or a
+// value that is not a time, or the delivery was made by NewDelivery.
+func (d *Delivery) ReadyAt() (t time.Time, ok bool) {
+	if d.table == nil || d.table.ReadyAt == "" {
+		return time.Time{}, false
+	}
+	v, found := d.Value(d.table.ReadyAt)
+	if !found || v == nil {
+		return time.Time{}, false
+	}
+	switch x := v.(type) { // what the built-in drivers return, without reflection
+	case time.Time:
+		return x.UTC(), true
+	case string:
+		if t, err := time.Parse(textTime, x); err == nil {
+			return t, true
+		}
+	case []byte:
+		if t, err := time.Parse(textTime, string(x)); err == nil {
+			return t, true
+		}
+	}
+	if err := assignTime(&t, v); err != nil {
+		return time.Time{}, false
+	}
+	return t, true
+}
+
+// textTime reads the UTC text the SQLite and MySQL dialects store.
+const textTime = "2006-01-02 15:04:05.999999999"
 
 // ID returns the row's primary key as the driver returned it.
 func (d *Delivery) ID() any { return d.row.ID }

@@ -71,6 +71,12 @@
 // FailureLevel (warn by default), a panic's line with its stack, at most
 // FailureLogLimit lines a second: beyond it one line a second sums up the
 // failures not logged.
+//
+// For metrics and traces: SubscribeParams.OnClaim reports each claim's
+// time and rows, OnOutcome each completion; a table's Metadata column
+// carries a text from each publisher (Broker.SetMetadataFunc) to the
+// handlers (Delivery.Metadata). Package otelbroker builds OpenTelemetry
+// metrics and traces on them; this package imports none of it.
 package sqlxbroker
 
 import (

@@ -40,6 +40,14 @@ type SubscribeParams struct {
 	// for a form that writes completions in batches (lease, advisory) the
 	// form's, so it should not block.
 	OnOutcome func(d *Delivery, o Outcome, err error)
+	// OnClaim, when set, is called after each claim the subscription makes
+	// (one statement round of the form: a batch, or one row in the
+	// row-lock form) with how long it took, how many rows it handed to
+	// handlers and its error. It runs on the claiming goroutine (several
+	// may claim at once) before the rows' handlers start, so it should
+	// not block. The rows of every call
+	// sum to Stats.Claimed; the calls with an error count ClaimErrors.
+	OnClaim func(ClaimInfo)
 	// Logger receives claim and completion errors and failed deliveries;
 	// default slog.Default().
 	Logger *slog.Logger
@@ -103,6 +111,17 @@ func DefaultRetryDelay(attempt int, _ error) time.Duration {
 	return min(d, 10*time.Minute)
 }
 
+// ClaimInfo is what SubscribeParams.OnClaim learns of one claim.
+type ClaimInfo struct {
+	Duration time.Duration // the claim's time, from the form's Claim call to its return
+	Rows     int           // the rows claimed and handed to handlers
+	Asked    int           // the most rows the claim asked for
+	// Err is the claim's error (counted in Stats.ClaimErrors); nil when it
+	// succeeded or was only cut short by the subscription's stop. Rows may
+	// be claimed along with an error.
+	Err error
+}
+
 // Stats counts what a subscription did.
 type Stats struct {
 	Claimed        int64 // deliveries handed to handlers
@@ -113,6 +132,7 @@ type Stats struct {
 	Snoozed        int64 // rows a handler snoozed (Snooze)
 	LeaseLost      int64 // completions that found the hold lost
 	ClaimErrors    int64 // failed claims
+	Conflicts      int64 // claims that lost to a concurrent transaction (ErrConflict), made again; not in ClaimErrors
 	CompleteErrors int64 // completions that failed otherwise
 	Panics         int64 // handler panics (counted as failures too)
 }
@@ -154,7 +174,7 @@ type Subscription struct {
 	stopErr    error
 
 	claimed, succeeded, retried, dead, released, snoozed, lost atomic.Int64
-	claimErrs, completeErrs, panics                            atomic.Int64
+	claimErrs, completeErrs, panics, conflicts                 atomic.Int64
 }
 
 // subscribe starts form and runs h for every row it claims from table t
@@ -206,7 +226,7 @@ func (s *Subscription) Done() <-chan struct{} { return s.done }
 func (s *Subscription) Stats() Stats {
 	return Stats{Claimed: s.claimed.Load(), Succeeded: s.succeeded.Load(), Retried: s.retried.Load(),
 		Dead: s.dead.Load(), Released: s.released.Load(), Snoozed: s.snoozed.Load(), LeaseLost: s.lost.Load(),
-		ClaimErrors: s.claimErrs.Load(), CompleteErrors: s.completeErrs.Load(), Panics: s.panics.Load()}
+		ClaimErrors: s.claimErrs.Load(), Conflicts: s.conflicts.Load(), CompleteErrors: s.completeErrs.Load(), Panics: s.panics.Load()}
 }
 
 // InFlight is the number of deliveries whose handler or completion runs.
@@ -252,6 +272,7 @@ func (s *Subscription) Stop(ctx context.Context) error {
 func (s *Subscription) loop(first bool) {
 	defer s.loops.Done()
 	idle := s.p.MinPollInterval
+	conflicts := 0 // claims in a row that ended in ErrConflict
 	// A form that claims a batch in one statement claims once half a batch
 	// of handlers is free while work is in flight, so claims are not made
 	// one row at a time. A form that claims row by row claims as soon as a
@@ -277,7 +298,7 @@ func (s *Subscription) loop(first bool) {
 		n := min(free, s.p.BatchSize)
 		s.reserved.Add(int64(n))
 		s.reserveMu.Unlock()
-		claims, err := s.form.Claim(s.claimCtx, n)
+		claims, err := s.claim(n)
 		for _, c := range claims {
 			s.start(c)
 		}
@@ -298,11 +319,19 @@ func (s *Subscription) loop(first bool) {
 			continue
 		}
 		if err != nil && s.claimCtx.Err() == nil {
-			s.claimFailed(err)
+			// A claim that lost to a concurrent transaction delivered
+			// nothing: claim again at once, a few times in a row, then
+			// wait as after any error.
+			if s.claimFailed(err) && conflicts < conflictsAtOnce {
+				conflicts++
+				continue
+			}
+			conflicts = 0
 			s.sleep(idle, nil)
 			idle = min(idle*2, s.p.PollInterval)
 			continue
 		}
+		conflicts = 0
 		switch {
 		case len(claims) == n:
 			idle = s.p.MinPollInterval
@@ -321,9 +350,36 @@ func (s *Subscription) loop(first bool) {
 	}
 }
 
-func (s *Subscription) claimFailed(err error) {
+// claim asks the form for up to n rows, reporting to OnClaim when set.
+func (s *Subscription) claim(n int) ([]core.Claim, error) {
+	if s.p.OnClaim == nil {
+		return s.form.Claim(s.claimCtx, n)
+	}
+	start := time.Now()
+	claims, err := s.form.Claim(s.claimCtx, n)
+	info := ClaimInfo{Duration: time.Since(start), Rows: len(claims), Asked: n}
+	if err != nil && s.claimCtx.Err() == nil {
+		info.Err = err
+	}
+	s.p.OnClaim(info)
+	return claims, err
+}
+
+// conflictsAtOnce is how many claims in a row that end in ErrConflict are
+// made again at once.
+const conflictsAtOnce = 3
+
+// claimFailed counts and logs a failed claim, and reports whether it was a
+// conflict (ErrConflict: counted apart, logged at debug level).
+func (s *Subscription) claimFailed(err error) bool {
+	if errors.Is(err, ErrConflict) {
+		s.conflicts.Add(1)
+		s.log.Debug("sqlxbroker: claim lost to a concurrent transaction, claiming again", "table", s.table.Name, "form", s.table.Form().String(), "err", err)
+		return true
+	}
 	s.claimErrs.Add(1)
 	s.log.Error("sqlxbroker: claim failed", "table", s.table.Name, "form", s.table.Form().String(), "err", err)
+	return false
 }
 
 // next claims the next row for a worker whose delivery just completed, in
@@ -334,7 +390,7 @@ func (s *Subscription) next() core.Claim {
 	if s.batching || s.dry.Load() || s.claimCtx.Err() != nil {
 		return nil
 	}
-	cs, err := s.form.Claim(s.claimCtx, 1)
+	cs, err := s.claim(1)
 	if err != nil && s.claimCtx.Err() == nil {
 		s.claimFailed(err)
 	}
@@ -423,11 +479,35 @@ func (s *Subscription) worker(c core.Claim) {
 		}
 		s.idle = append(s.idle, idler{me, time.Now()})
 		s.idleMu.Unlock()
-		if c = <-me; c == nil { // idle too long, or the subscription stops
+		if c = await(me); c == nil { // idle too long, or the subscription stops
 			return
 		}
 	}
 }
+
+// parkedStack is the stack an idle worker keeps in use while it waits
+// for its next claim (await). The garbage collector halves the stack of a
+// goroutine that uses less than a quarter of it, and a worker's stack is
+// as deep as its handlers go (an instrumented handler's tracing SDK, an
+// HTTP client): without it, every collection cycle would halve the stacks
+// of the idle workers and their next deliveries would copy them back up,
+// once per worker per cycle. With it a worker keeps a stack of up to four
+// times this.
+const parkedStack = 4 << 10
+
+// await waits for the worker's next claim in a frame of parkedStack bytes.
+//
+//go:noinline
+func await(me chan core.Claim) core.Claim {
+	var frame [parkedStack]byte
+	inUse(&frame)
+	return <-me
+}
+
+// inUse keeps frame on the stack: the compiler cannot drop it.
+//
+//go:noinline
+func inUse(frame *[parkedStack]byte) { frame[0] = 1 }
 
 // idler is an idle worker's channel and when it went idle.
 type idler struct {
@@ -476,7 +556,7 @@ func (s *Subscription) closeIdle() {
 // on meanwhile; at most Concurrency of them wait so, beyond that a handler
 // waits for its own.
 func (s *Subscription) run(ctx *handlerCtx, c core.Claim) {
-	d := &Delivery{row: c.Row(), claim: c}
+	d := &Delivery{row: c.Row(), claim: c, table: &s.table}
 	c.OnLost(func() { ctx.cancel(context.Canceled) })
 	err := s.call(ctx, d)
 	o, note := s.outcome(d, err)

@@ -2,6 +2,7 @@ package sqlxbroker
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -283,5 +284,48 @@ func TestEnginePipelinedClaims(t *testing.T) {
 	}
 	if got := maxInWork.Load(); got > conc {
 		t.Errorf("%d handlers ran at once, more than Concurrency %d", got, conc)
+	}
+}
+
+// conflictForm is a memForm whose every other claim loses to a concurrent
+// transaction (ErrConflict) and delivers nothing.
+type conflictForm struct {
+	*memForm
+	claims atomic.Int64
+}
+
+func (f *conflictForm) Claim(ctx context.Context, max int) ([]core.Claim, error) {
+	if f.claims.Add(1)%2 == 1 {
+		return nil, fmt.Errorf("claim: %w", ErrConflict)
+	}
+	return f.memForm.Claim(ctx, max)
+}
+
+// TestEngineConflictsClaimAgain: a claim that fails with ErrConflict is
+// counted in Stats.Conflicts, not ClaimErrors, and made again at once: with
+// an idle wait of an hour the drain still ends.
+func TestEngineConflictsClaimAgain(t *testing.T) {
+	const n = 200
+	f := &conflictForm{memForm: &memForm{traits: core.Traits{Batches: true}, total: n, fin: make(chan struct{})}}
+	f.left.Store(n)
+	s, err := subscribe(context.Background(), f, memTable, func(ctx context.Context, d *Delivery) error { return nil },
+		SubscribeParams{Concurrency: 10, PollInterval: time.Hour, MinPollInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-f.fin:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%d of %d completed in 30 s: conflicts waited for the poll interval", f.done.Load(), n)
+	}
+	if err := s.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	st := s.Stats()
+	if st.Succeeded != n || st.ClaimErrors != 0 || st.Conflicts == 0 {
+		t.Fatalf("stats %+v, want %d succeeded, conflicts counted, no claim errors", st, n)
+	}
+	if lost, made := st.Conflicts, f.claims.Load(); lost < made/2 {
+		t.Errorf("%d conflicts counted of %d claims, every other one a conflict", lost, made)
 	}
 }

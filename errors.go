@@ -47,8 +47,17 @@ var (
 	// ErrUnsupported: the call needs an optional capability the dialect
 	// lacks (PublishParams.SkipDuplicates without core.DuplicateSkipper);
 	// the message names the dialect and the capability. Nothing was
-	// written.
+	// written. A Waker's Listen fails with it when the connection is set
+	// up without wake-ups (PostgreSQL behind a transaction-mode pooler):
+	// Subscribe then logs at Info, not Warn, and polls.
 	ErrUnsupported = core.ErrUnsupported
+
+	// ErrConflict: a lease claim or completion was rolled back whole
+	// because a concurrent transaction won (a deadlock, or a multi-primary
+	// cluster's certification failure: core.ConflictDetector). A claim
+	// that conflicted delivered nothing and is made again; a completion
+	// is run again, and matches it only when its retries ran out.
+	ErrConflict = core.ErrConflict
 )
 
 // TableError names the table and the field of the description at fault.

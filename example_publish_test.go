@@ -52,3 +52,44 @@ func ExampleBroker_PublishWith() {
 	// 3 scheduled, 0 ready
 	// sqlxbroker: publish to invoices: PublishParams.Delay and PublishParams.ReadyAt are both set; give one
 }
+
+type traceKey struct{}
+
+// Carry a text from each publisher to the handlers in the Metadata column:
+// package otelbroker stores the trace context so.
+func ExampleBroker_SetMetadataFunc() {
+	dir, _ := os.MkdirTemp("", "sqlxbroker-metadata-")
+	defer os.RemoveAll(dir)
+	db, err := sqlite.Open(filepath.Join(dir, "app.db"))
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	b, _ := sqlxbroker.Open(db)
+	defer b.Close(ctx)
+
+	jobs := sqlxbroker.Table{Name: "jobs", LockedUntil: "locked_until", Metadata: "meta"}
+	if err := b.CreateTable(ctx, jobs, [2]string{"number", "text"}); err != nil {
+		panic(err)
+	}
+	b.SetMetadataFunc(func(ctx context.Context) string {
+		s, _ := ctx.Value(traceKey{}).(string)
+		return s
+	})
+	if err := b.Publish(context.WithValue(ctx, traceKey{}, "request 42"), db, jobs, invoice{"A-1"}); err != nil {
+		panic(err)
+	}
+	got := make(chan string, 1)
+	sub, err := b.Subscribe(ctx, jobs, func(ctx context.Context, d *sqlxbroker.Delivery) error {
+		got <- d.Metadata()
+		return nil
+	}, sqlxbroker.SubscribeParams{})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(<-got)
+	_ = sub.Stop(ctx)
+	// Output:
+	// request 42
+}

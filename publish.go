@@ -42,12 +42,35 @@ type Execer interface {
 // (no such field or key, nil, a zero time.Time, a NULL driver.Valuer such
 // as an invalid sql.NullTime) gets the publish time, so the row is ready
 // at once and Counts.OldestReady tells how long the oldest ready row has
-// waited. All messages of one call must have the same columns.
+// waited. When t names a Metadata column and the broker has a
+// MetadataFunc (SetMetadataFunc), a message that gives the column no value
+// gets what the function returns for ctx. All messages of one call must
+// have the same columns.
 //
 // Publish is PublishWith with zero PublishParams.
 func (b *Broker) Publish(ctx context.Context, q Execer, t Table, msgs ...any) error {
 	_, err := b.PublishWith(ctx, q, t, PublishParams{}, msgs...)
 	return err
+}
+
+// MetadataFunc returns the metadata a message published with ctx carries
+// to its handlers, as text (for example the W3C trace context of ctx's
+// span); "" stores NULL. It is called once per Publish or PublishWith call,
+// from the publisher's goroutine, and must be safe for concurrent use.
+type MetadataFunc func(ctx context.Context) string
+
+// SetMetadataFunc makes Publish and PublishWith fill the Metadata column of
+// the rows they insert with f(ctx), on tables whose description names one
+// (Table.Metadata); a message that gives the column a value keeps its own.
+// Delivery.Metadata reads it back. A nil f sets none; a later call
+// replaces the function of an earlier one. Package otelbroker sets one
+// that stores the publisher's trace context.
+func (b *Broker) SetMetadataFunc(f MetadataFunc) {
+	if f == nil {
+		b.metadata.Store(nil)
+		return
+	}
+	b.metadata.Store(&f)
 }
 
 // PublishParams says when published rows become ready and which rows to
@@ -109,7 +132,16 @@ func (b *Broker) PublishWith(ctx context.Context, q Execer, t Table, p PublishPa
 		return 0, err
 	}
 	if t.ReadyAt != "" {
-		if cols, err = setReadyAt(&t, cols, rows, pl.Time(readyAt), override); err != nil {
+		if cols, err = setColumn(&t, t.ReadyAt, cols, rows, pl.Time(readyAt), override); err != nil {
+			return 0, err
+		}
+	}
+	if f := b.metadata.Load(); f != nil && t.Metadata != "" {
+		var md any
+		if s := (*f)(ctx); s != "" {
+			md = s
+		}
+		if cols, err = setColumn(&t, t.Metadata, cols, rows, md, false); err != nil {
 			return 0, err
 		}
 	}
@@ -196,21 +228,22 @@ func (p *PublishParams) readyAt(t *Table, now time.Time) (time.Time, bool, error
 	return p.ReadyAt, true, nil
 }
 
-// setReadyAt writes ready (encoded) into the ReadyAt column of rows: of
-// every row when override is set, else of the rows that give no value. A
-// column the messages lack is added. It returns the columns.
-func setReadyAt(t *Table, cols []string, rows [][]any, ready any, override bool) ([]string, error) {
-	i := slices.IndexFunc(cols, func(c string) bool { return strings.EqualFold(c, t.ReadyAt) })
+// setColumn writes v into the column col of rows (ReadyAt's encoded time,
+// the metadata): of every row when override is set, else of the rows that
+// give no value. A column the messages lack is added. It returns the
+// columns.
+func setColumn(t *Table, col string, cols []string, rows [][]any, v any, override bool) ([]string, error) {
+	i := slices.IndexFunc(cols, func(c string) bool { return strings.EqualFold(c, col) })
 	if i < 0 {
-		cols = append(cols, t.ReadyAt)
+		cols = append(cols, col)
 		for j := range rows {
-			rows[j] = append(rows[j], ready)
+			rows[j] = append(rows[j], v)
 		}
 		return cols, nil
 	}
 	for _, r := range rows {
 		if override {
-			r[i] = ready
+			r[i] = v
 			continue
 		}
 		missing, err := noValue(r[i])
@@ -218,7 +251,7 @@ func setReadyAt(t *Table, cols []string, rows [][]any, ready any, override bool)
 			return nil, fmt.Errorf("sqlxbroker: publish to %s: column %q: %w", t.Name, cols[i], err)
 		}
 		if missing {
-			r[i] = ready
+			r[i] = v
 		}
 	}
 	return cols, nil

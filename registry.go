@@ -67,10 +67,11 @@ func Dialects() []string {
 
 // knownImports says which package registers a built-in driver name.
 var knownImports = map[string]string{
-	"postgres": "github.com/sqlxbroker/sqlxbroker/dialects/postgres",
-	"pgx":      "github.com/sqlxbroker/sqlxbroker/dialects/postgres",
-	"mysql":    "github.com/sqlxbroker/sqlxbroker/dialects/mysql",
-	"sqlite":   "github.com/sqlxbroker/sqlxbroker/dialects/sqlite",
+	"postgres":        "github.com/sqlxbroker/sqlxbroker/dialects/postgres",
+	"pgx":             "github.com/sqlxbroker/sqlxbroker/dialects/postgres",
+	"postgres-txpool": "github.com/sqlxbroker/sqlxbroker/dialects/postgres",
+	"mysql":           "github.com/sqlxbroker/sqlxbroker/dialects/mysql",
+	"sqlite":          "github.com/sqlxbroker/sqlxbroker/dialects/sqlite",
 }
 
 // Lookup returns the dialect registered under name. An unknown name fails

@@ -76,6 +76,13 @@ type Table struct {
 	// or VARCHAR(2000) and more).
 	LastError string
 
+	// Metadata names an optional text column that carries a message's
+	// metadata from its publisher to its handlers: Publish writes what the
+	// broker's MetadataFunc returns there (see Broker.SetMetadataFunc) and
+	// Delivery.Metadata reads it back. Its usual content is the
+	// publisher's trace context (package otelbroker).
+	Metadata string
+
 	// Isolation is the isolation level of claim transactions; the zero
 	// value lets the dialect choose (READ COMMITTED on MySQL and MariaDB).
 	Isolation sql.IsolationLevel
@@ -158,7 +165,7 @@ func (t *Table) Validate() error {
 	for _, c := range []struct{ field, name string }{
 		{"ID", t.ID}, {"Attempt", t.Attempt}, {"LockedUntil", t.LockedUntil},
 		{"Group", t.Group}, {"ReadyAt", t.ReadyAt}, {"DeadAt", t.DeadAt}, {"DoneAt", t.DoneAt},
-		{"LastError", t.LastError},
+		{"LastError", t.LastError}, {"Metadata", t.Metadata},
 	} {
 		if c.name == "" {
 			continue
@@ -209,7 +216,7 @@ func (t *Table) Columns() [][2]string {
 	}
 	for _, c := range []struct{ field, name string }{
 		{"LockedUntil", t.LockedUntil}, {"Group", t.Group}, {"ReadyAt", t.ReadyAt},
-		{"DeadAt", t.DeadAt}, {"DoneAt", t.DoneAt}, {"LastError", t.LastError},
+		{"DeadAt", t.DeadAt}, {"DoneAt", t.DoneAt}, {"LastError", t.LastError}, {"Metadata", t.Metadata},
 	} {
 		if c.name != "" {
 			out = append(out, [2]string{c.field, c.name})
@@ -237,7 +244,7 @@ func NewPlan(d core.Dialect, t Table) (*core.Plan, error) {
 	p := core.NewPlan(d, core.Plan{Form: t.Form(), Key: key, Table: t.Name,
 		ID: t.IDColumn(), Attempt: t.AttemptColumn(), OrderKeys: order,
 		LockedUntil: t.LockedUntil, Group: t.Group, ReadyAt: t.ReadyAt, DeadAt: t.DeadAt, DoneAt: t.DoneAt,
-		LastError: t.LastError, Lease: t.LeaseDuration(), Isolation: t.Isolation})
+		LastError: t.LastError, Metadata: t.Metadata, Lease: t.LeaseDuration(), Isolation: t.Isolation})
 	if f := t.Form(); !p.Caps.Offers(f) {
 		return nil, &FormError{Dialect: d.Name(), Form: f, Reason: formMissing[f]}
 	}

@@ -82,6 +82,18 @@ type Target struct {
 	// through OldServer). A form the dialect does not offer is checked
 	// for ErrFormUnavailable whether listed or not. Nil runs every form.
 	Forms []sqlxbroker.Form
+	// Scenarios, when set, limits each form to the scenarios named
+	// (Scenario.Name), for a quick run of a target whose full run is
+	// recorded elsewhere; the checks of forms not offered or refused
+	// (Unavailable, Refused) run whatever it says. Nil runs every one.
+	Scenarios []string
+	// Refuses lists forms the dialect offers but must refuse on this
+	// target at subscribe time with a *sqlxbroker.FormError
+	// (ErrFormUnavailable), as PostgreSQL's advisory form behind a pooler
+	// in transaction mode: each runs the Refused scenario, which checks
+	// the refusal and that the table is left as it was, instead of the
+	// form's scenarios.
+	Refuses []sqlxbroker.Form
 	// Sessions, when set, opens a pool like Open and returns with it a
 	// kill that ends, from another session, every server session the pool
 	// has opened so far, as a failover or an administrator would, and
@@ -95,6 +107,47 @@ type Target struct {
 	// The scenarios NetworkStall and NetworkCut put a faulty Network
 	// there, and skip, saying so, without it.
 	Dial func(t TB, dial DialFunc) *sqlx.DB
+}
+
+// refuses reports whether f is in tg.Refuses.
+func (tg *Target) refuses(f sqlxbroker.Form) bool {
+	for _, g := range tg.Refuses {
+		if g == f {
+			return true
+		}
+	}
+	return false
+}
+
+// picks reports whether tg.Scenarios lets scenario name run.
+func (tg *Target) picks(name string) bool {
+	if tg.Scenarios == nil {
+		return true
+	}
+	for _, n := range tg.Scenarios {
+		if n == name {
+			return true
+		}
+	}
+	return false
+}
+
+// badScenarios names the entries of tg.Scenarios no scenario has.
+func (tg *Target) badScenarios() error {
+	known := map[string]bool{}
+	for _, s := range Scenarios() {
+		known[s.Name] = true
+	}
+	var bad []string
+	for _, n := range tg.Scenarios {
+		if !known[n] {
+			bad = append(bad, fmt.Sprintf("%q", n))
+		}
+	}
+	if bad == nil {
+		return nil
+	}
+	return fmt.Errorf("conformance: Target.Scenarios names no scenario of the suite: %s", strings.Join(bad, ", "))
 }
 
 // runs reports whether the suite runs form f's scenarios.
@@ -161,6 +214,7 @@ func Scenarios() []Scenario {
 		{"PublishFields", all, PublishFields},
 		{"PublishDuplicates", all, PublishDuplicates},
 		{"PublishReadyAt", all, PublishReadyAt},
+		{"PublishMetadata", all, PublishMetadata},
 		{"PoolLifecycle", all, PoolLifecycle},
 		{"SessionLoss", all, SessionLoss},
 		{"SessionCrash", all, SessionCrash},
@@ -196,9 +250,11 @@ func (tg *Target) steps() []step {
 			out = append(out, step{form: f, name: "Unavailable", run: func(t TB) { Unavailable(t, tg, f) }})
 		case !tg.runs(f):
 			out = append(out, step{form: f, skip: fmt.Sprintf("the %s form is left out (Target.Forms)", f)})
+		case tg.refuses(f):
+			out = append(out, step{form: f, name: "Refused", run: func(t TB) { Refused(t, tg, f) }})
 		default:
 			for _, s := range Scenarios() {
-				if s.Applies(tg.Dialect, f) {
+				if s.Applies(tg.Dialect, f) && tg.picks(s.Name) {
 					out = append(out, step{form: f, name: s.Name, run: func(t TB) { s.Run(t, tg, f) }})
 				}
 			}
@@ -211,14 +267,18 @@ func (tg *Target) steps() []step {
 }
 
 // Run runs every scenario for every form: offered forms as subtests
-// "<form>/<scenario>", forms not offered as "<form>/Unavailable", and
-// VersionGate when the Target has an OldServer.
+// "<form>/<scenario>", forms not offered as "<form>/Unavailable", forms the
+// target refuses (Target.Refuses) as "<form>/Refused", and VersionGate when
+// the Target has an OldServer.
 func Run(t *testing.T, tg Target) {
 	if childMode(t, &tg) {
 		return
 	}
 	if testing.Short() {
 		tg.Short = true
+	}
+	if err := tg.badScenarios(); err != nil {
+		t.Fatal(err)
 	}
 	steps := tg.steps()
 	for _, f := range core.Forms {

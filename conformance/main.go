@@ -26,7 +26,9 @@ import (
 // The flags are --driver (a database/sql driver name with a registered
 // dialect), --dsn, --short (scaled-down volumes) and --expect-refused. A
 // form the server is too old for (ErrServerTooOld) runs no scenario; the
-// version gate checks its refusal and that the other forms subscribe. The
+// version gate checks its refusal and that the other forms subscribe. A
+// form the connection cannot serve (ErrFormUnavailable at start, as the
+// advisory form with --driver postgres-txpool) runs the Refused scenario. The
 // crash scenario re-runs the program with the same arguments, so call Main
 // first thing in main, with os.Args[1:]. A dialect's own command:
 //
@@ -63,7 +65,7 @@ func run(fs *flag.FlagSet, args []string) error {
 	short := fs.Bool("short", false, "scaled-down volumes")
 	var expect []sqlxbroker.Form
 	expectSet := false
-	fs.Func("expect-refused", "comma-separated forms the server must refuse with ErrServerTooOld, e.g. advisory (\"none\": none); the run fails unless exactly these are refused", func(s string) error {
+	fs.Func("expect-refused", "comma-separated forms the server must refuse at subscribe time (ErrServerTooOld, or ErrFormUnavailable as behind a transaction-mode pooler), e.g. advisory (\"none\": none); the run fails unless exactly these are refused", func(s string) error {
 		fl, err := parseForms(s)
 		expect, expectSet = fl, true
 		return err
@@ -100,20 +102,26 @@ func run(fs *flag.FlagSet, args []string) error {
 	}
 	fmt.Printf("conformance suite: dialect %s (driver %q), forms offered: %v\n", tg.Dialect.Name(), *driver, core.FormsOf(tg.Dialect))
 	if len(refused) > 0 {
-		// Refused forms run no scenario; the version gate checks that
-		// subscribing to them fails with ErrServerTooOld and that the
-		// other forms subscribe on the same server.
+		// Forms the server is too old for run no scenario; the version
+		// gate checks that subscribing to them fails with ErrServerTooOld
+		// and that the other forms subscribe on the same server. Forms
+		// refused with ErrFormUnavailable (a FormError: the connection
+		// cannot serve them) run the Refused scenario alone.
 		tg.Forms = nil
 		for _, f := range core.FormsOf(tg.Dialect) {
-			if refused[f] == nil {
+			switch err := refused[f]; {
+			case err == nil:
 				tg.Forms = append(tg.Forms, f)
-			} else {
+			case errors.Is(err, sqlxbroker.ErrServerTooOld):
 				tg.OldServerRefuses = append(tg.OldServerRefuses, f)
-				fmt.Printf("  %-9s refused: server too old (%v)\n", f, refused[f])
+				tg.OldServer = tg.Open
+				fmt.Printf("  %-9s refused: server too old (%v)\n", f, err)
+			default:
+				tg.Forms, tg.Refuses = append(tg.Forms, f), append(tg.Refuses, f)
+				fmt.Printf("  %-9s refused: %v\n", f, err)
 			}
 		}
 		tg.Forms = append(tg.Forms, 0) // non-nil: only the forms listed
-		tg.OldServer = tg.Open
 	}
 	results := RunAll(tg, func(r Result, done bool) {
 		if !done {
@@ -136,7 +144,7 @@ func run(fs *flag.FlagSet, args []string) error {
 			}
 		}
 		if formNames(got) != formNames(expect) {
-			err = errors.Join(err, fmt.Errorf("conformance: the server refused %s with ErrServerTooOld, --expect-refused says %s", formNames(got), formNames(expect)))
+			err = errors.Join(err, fmt.Errorf("conformance: the server refused %s, --expect-refused says %s", formNames(got), formNames(expect)))
 		} else {
 			fmt.Printf("refused as expected: %s\n", formNames(expect))
 		}
@@ -145,8 +153,9 @@ func run(fs *flag.FlagSet, args []string) error {
 }
 
 // refusedForms asks the dialect's Starter, for each offered form, whether
-// the server is too old for it (a description of the suite's, no table):
-// the forms it refuses with ErrServerTooOld, with the refusal. Any other
+// the server is too old for it or the connection cannot serve it (a
+// description of the suite's, no table): the forms it refuses with
+// ErrServerTooOld or ErrFormUnavailable, with the refusal. Any other
 // failure of the check is returned: no scenario could pass on such a
 // connection.
 func refusedForms(ctx context.Context, d core.Dialect, db *sqlx.DB) (map[sqlxbroker.Form]error, error) {
@@ -167,7 +176,7 @@ func refusedForms(ctx context.Context, d core.Dialect, db *sqlx.DB) (map[sqlxbro
 			_ = stop()
 		}
 		switch {
-		case errors.Is(err, sqlxbroker.ErrServerTooOld):
+		case errors.Is(err, sqlxbroker.ErrServerTooOld), errors.Is(err, sqlxbroker.ErrFormUnavailable):
 			out[f] = err
 		case err != nil:
 			return nil, fmt.Errorf("check the server for the %s form: %w", f, err)
@@ -213,8 +222,10 @@ func formName(f sqlxbroker.Form) string {
 //
 //	result <form> <pass|refused|unavailable|FAIL> scenarios=N passed=N failed=N took=SECONDS
 //
-// and fails when any scenario failed. A refused form is "refused" when the
-// version gate passed (the refusal is ErrServerTooOld), else FAIL.
+// and fails when any scenario failed. A form the server is too old for is
+// "refused" when the version gate passed (the refusal is ErrServerTooOld),
+// one refused with ErrFormUnavailable when its Refused scenario passed;
+// else FAIL.
 func printTable(results []Result, refused map[sqlxbroker.Form]error) error {
 	var scenarios []string
 	seen := map[string]bool{}
@@ -289,8 +300,10 @@ func printTable(results []Result, refused map[sqlxbroker.Form]error) error {
 			s = &sum{}
 		}
 		status := "pass"
-		switch {
-		case refused[f] != nil && gate == "pass":
+		switch tooOld := errors.Is(refused[f], sqlxbroker.ErrServerTooOld); {
+		case refused[f] != nil && !tooOld && s.failed == 0 && s.n > 0:
+			status = "refused"
+		case refused[f] != nil && tooOld && gate == "pass":
 			status = "refused"
 		case refused[f] != nil:
 			status = "FAIL"

@@ -334,3 +334,91 @@ func PublishReadyAt(t TB, tg *Target, f sqlxbroker.Form) {
 		}
 	}
 }
+
+// metaKey is the context key of the trace text PublishMetadata's
+// MetadataFunc returns.
+type metaKey struct{}
+
+// PublishMetadata: with a MetadataFunc set, Publish writes what it returns
+// for the publisher's ctx to the table's Metadata column (NULL for ""), a
+// message's own value wins, and each delivery reads it back through
+// Delivery.Metadata, along with the row's ReadyAt (the publish time). A
+// table without the column passes no metadata and errs nothing; a
+// description naming a column the table lacks fails CheckTable naming
+// Metadata.
+func PublishMetadata(t TB, tg *Target, f sqlxbroker.Form) {
+	b := tg.broker(t)
+	db := b.DB()
+	tb := tg.fresh(t, db, f, func(tb *sqlxbroker.Table) { tb.Metadata = "meta" })
+	ctx := context.Background()
+
+	missing := tb
+	missing.Metadata = "no_such_meta"
+	if err := b.CheckTable(ctx, missing); !errors.Is(err, sqlxbroker.ErrInvalidTable) || !strings.Contains(err.Error(), "Metadata") {
+		t.Errorf("CheckTable with a Metadata column the table lacks: %v, want a TableError naming Metadata", err)
+	}
+	if err := b.CheckTable(ctx, tb); err != nil {
+		t.Fatalf("CheckTable: %v", err)
+	}
+
+	publish(t, b, tb, msg{Acct: "a", Body: "before"}) // no MetadataFunc yet: NULL
+	b.SetMetadataFunc(func(ctx context.Context) string {
+		s, _ := ctx.Value(metaKey{}).(string)
+		return s
+	})
+	defer b.SetMetadataFunc(nil)
+	before := core.Now()
+	traced := context.WithValue(ctx, metaKey{}, "traceparent=00-abc")
+	if err := b.Publish(traced, db, tb, msg{Acct: "b", Body: "traced"}, msg{Acct: "c", Body: "traced"}); err != nil {
+		t.Fatalf("publish with metadata: %v", err)
+	}
+	own := map[string]any{"acct": "d", "grp": "", "body": "own", "meta": "mine"}
+	if err := b.Publish(traced, db, tb, own); err != nil {
+		t.Fatalf("publish with the message's own metadata: %v", err)
+	}
+	publish(t, b, tb, msg{Acct: "e", Body: "empty"}) // the function returns "": NULL
+	after := core.Now()
+	if n := count(t, db, tg.Dialect, tb.Name, "meta IS NULL"); n != 2 {
+		t.Errorf("%d rows with a NULL metadata column, want 2 (published without a function, and with one returning \"\")", n)
+	}
+
+	want := map[string]string{"before": "", "traced": "traceparent=00-abc", "own": "mine", "empty": ""}
+	type seen struct {
+		meta    string
+		ready   time.Time
+		readyOK bool
+	}
+	var mu sync.Mutex
+	got := map[string][]seen{}
+	s := subscribe(t, b, tb, func(ctx context.Context, d *sqlxbroker.Delivery) error {
+		var m msg
+		if err := d.Scan(&m); err != nil {
+			return err
+		}
+		r, ok := d.ReadyAt()
+		mu.Lock()
+		got[m.Body] = append(got[m.Body], seen{d.Metadata(), r, ok})
+		mu.Unlock()
+		return nil
+	}, quick)
+	WaitFor(t, 30*time.Second, "the five rows delivered", func() bool { return s.Stats().Succeeded >= 5 })
+	mu.Lock()
+	defer mu.Unlock()
+	for body, w := range want {
+		n := 1
+		if body == "traced" {
+			n = 2
+		}
+		if len(got[body]) != n {
+			t.Errorf("row %q delivered %d times, want %d", body, len(got[body]), n)
+		}
+		for _, g := range got[body] {
+			if g.meta != w {
+				t.Errorf("row %q: Delivery.Metadata %q, want %q", body, g.meta, w)
+			}
+			if body != "before" && (!g.readyOK || g.ready.Before(before) || g.ready.After(after)) {
+				t.Errorf("row %q: Delivery.ReadyAt %v (%v), want the publish time, between %v and %v", body, g.ready, g.readyOK, before, after)
+			}
+		}
+	}
+}

@@ -26,6 +26,9 @@ type Result struct {
 // MaybeChild before anything else.
 func RunAll(tg Target, progress func(r Result, done bool)) []Result {
 	var out []Result
+	if err := tg.badScenarios(); err != nil {
+		return []Result{{Scenario: "Scenarios", Status: "fail", Log: []string{err.Error()}}}
+	}
 	for _, s := range tg.steps() {
 		if s.skip != "" {
 			continue

@@ -552,6 +552,51 @@ func Unavailable(t TB, tg *Target, f sqlxbroker.Form) {
 	}
 }
 
+// Refused (forms in Target.Refuses): subscribing to a valid table of form f,
+// with a row ready, fails at start with a *sqlxbroker.FormError for f
+// (ErrFormUnavailable) whose reason says why, as does starting the form
+// by hand (Broker.Form), and the row is left as it was: never claimed.
+func Refused(t TB, tg *Target, f sqlxbroker.Form) {
+	b := tg.broker(t)
+	tb := tg.fresh(t, b.DB(), f, nil)
+	publish(t, b, tb, msg{Acct: "a"})
+	before := snapshot(t, tg, b, tb)
+	check := func(what string, err error) {
+		t.Helper()
+		var fe *sqlxbroker.FormError
+		switch {
+		case err == nil:
+			t.Errorf("%s succeeded on a target that must refuse the %s form", what, f)
+		case !errors.As(err, &fe) || !errors.Is(err, sqlxbroker.ErrFormUnavailable):
+			t.Errorf("%s: %v, want a *sqlxbroker.FormError (ErrFormUnavailable)", what, err)
+		case fe.Form != f || fe.Reason == "":
+			t.Errorf("%s: FormError for the %s form with reason %q, want the %s form and a reason", what, fe.Form, fe.Reason, f)
+		default:
+			t.Logf("%s: %v", what, err)
+		}
+	}
+	s, err := b.Subscribe(context.Background(), tb, func(context.Context, *sqlxbroker.Delivery) error {
+		t.Errorf("a refused subscription delivered a row")
+		return nil
+	}, quick)
+	if s != nil {
+		_ = s.Stop(context.Background())
+	}
+	check("Subscribe", err)
+	cf, err := b.Form(tb)
+	if err != nil {
+		t.Fatalf("form: %v", err)
+	}
+	err = cf.Start(context.Background())
+	check("the form's Start", err)
+	if err == nil {
+		cf.Close()
+	}
+	if after := snapshot(t, tg, b, tb); after != before {
+		t.Errorf("the refusal changed the table:\n before %s\n after  %s", before, after)
+	}
+}
+
 // BadDescriptions: each bad table description fails at subscribe time with
 // an error that names the problem, and the table does not change.
 func BadDescriptions(t TB, tg *Target, f sqlxbroker.Form) {
@@ -604,6 +649,9 @@ func VersionGate(t TB, tg *Target) {
 	old := *tg
 	old.Open = tg.OldServer
 	for _, f := range core.FormsOf(tg.Dialect) {
+		if tg.refuses(f) {
+			continue // the Refused scenario checks it
+		}
 		b := old.broker(t)
 		tb := old.fresh(t, b.DB(), f, nil)
 		s, err := b.Subscribe(context.Background(), tb, func(context.Context, *sqlxbroker.Delivery) error { return nil }, quick)

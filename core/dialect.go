@@ -135,8 +135,10 @@ type GroupGuard interface {
 
 // Starter is called when a subscription starts, before the broker checks
 // the columns. It fails with a *sqlxbroker.VersionError on a server too old
-// for p.Form, a *sqlxbroker.TableError for a column type that cannot work,
-// or a clear error for a connection it cannot live with. It may take what
+// for p.Form, a *sqlxbroker.FormError for a connection that cannot serve
+// p.Form (PostgreSQL's advisory form behind a transaction-mode pooler), a
+// *sqlxbroker.TableError for a column type that cannot work, or a clear
+// error for a connection it cannot live with. It may take what
 // the subscription needs (SQLite's file lock against a second process:
 // ErrAdvisoryConflict) and return stop, called when it ends.
 type Starter interface {
@@ -145,8 +147,9 @@ type Starter interface {
 
 // Waker wakes subscribers when rows arrive: Publish runs WakeStatement ("":
 // none) in the publishing transaction; Listen's channel receives after rows
-// arrive and closes when ctx ends (an error: the subscription polls).
-// Without it other processes' subscriptions poll.
+// arrive and closes when ctx ends (an error: the subscription polls; one
+// matching ErrUnsupported says the connection is set up without wake-ups,
+// and is logged at Info). Without it other processes' subscriptions poll.
 type Waker interface {
 	WakeStatement(p *Plan) (string, []any)
 	Listen(ctx context.Context, pool *Pool, p *Plan) (<-chan struct{}, error)
@@ -200,6 +203,26 @@ type DuplicateSkipper interface {
 	SkipDuplicates(ctx context.Context, p *SkipDuplicatesParams) (*InsertSQL, error)
 }
 
+// ConflictDetector tells conflicts apart from other errors. Conflict
+// reports whether err, returned by a statement or a COMMIT, means the
+// database rolled back the whole transaction (or the statement run alone)
+// because a concurrent transaction won: a deadlock victim, or on a
+// multi-primary cluster a write set that lost certification to another
+// node's. Nothing the transaction did stays, so running it again from the
+// start is safe. It must answer false for any other error, above all one
+// after which the COMMIT may have taken effect (a connection lost during
+// COMMIT).
+//
+// With it, the lease form reports a claim that conflicted as ErrConflict
+// (nothing delivered; the engine claims again at once and counts it in
+// Stats.Conflicts) and runs a completion that conflicted again, its fence
+// keeping it from taking effect twice. Without it every error is final: a
+// claim that fails is tried again after the idle wait, a completion's
+// error is reported and its row comes back when its lease runs out.
+type ConflictDetector interface {
+	Conflict(err error) bool
+}
+
 // Capabilities are a dialect's optional interfaces (nil: lacking), found by
 // CapabilitiesOf, the one place the library asserts them.
 type Capabilities struct {
@@ -212,6 +235,8 @@ type Capabilities struct {
 	TableCreator   TableCreator
 	// DuplicateSkipper: PublishParams.SkipDuplicates; nil: refused.
 	DuplicateSkipper DuplicateSkipper
+	// ConflictDetector: conflicts are retried (see ConflictDetector).
+	ConflictDetector ConflictDetector
 }
 
 func CapabilitiesOf(d Dialect) Capabilities {
@@ -224,6 +249,7 @@ func CapabilitiesOf(d Dialect) Capabilities {
 	c.Waker, _ = d.(Waker)
 	c.TableCreator, _ = d.(TableCreator)
 	c.DuplicateSkipper, _ = d.(DuplicateSkipper)
+	c.ConflictDetector, _ = d.(ConflictDetector)
 	return c
 }
 

@@ -12,6 +12,7 @@ var (
 	ErrUnknownDialect   = errors.New("sqlxbroker: unknown dialect")
 	ErrNoTx             = errors.New("sqlxbroker: delivery has no transaction") // Claim.Tx outside the row-lock form
 	ErrAdvisoryConflict = errors.New("sqlxbroker: advisory keys held by another process")
-	ErrClosed           = errors.New("sqlxbroker: closed")                     // the broker (and its Pool) is closed
-	ErrUnsupported      = errors.New("sqlxbroker: unsupported by the dialect") // a call needs an optional capability the dialect lacks
+	ErrClosed           = errors.New("sqlxbroker: closed")                                 // the broker (and its Pool) is closed
+	ErrUnsupported      = errors.New("sqlxbroker: unsupported by the dialect")             // a call needs an optional capability the dialect lacks
+	ErrConflict         = errors.New("sqlxbroker: conflict with a concurrent transaction") // rolled back whole (ConflictDetector); nothing it did stays
 )

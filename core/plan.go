@@ -37,6 +37,11 @@ type Plan struct {
 	// (OutcomeKind); "" for none. QLastError is it quoted.
 	LastError, QLastError string
 
+	// Metadata names the column that carries a message's metadata from
+	// its publisher to its handlers (a text column); "" for none.
+	// QMetadata is it quoted.
+	Metadata, QMetadata string
+
 	// Alias is the alias claim statements give the table ("c").
 	Alias string
 }
@@ -65,7 +70,7 @@ func NewPlan(d Dialect, p Plan) *Plan {
 	p.Order = p.OrderKeys[0].Column
 	p.QID, p.QAttempt, p.QOrder = q(p.ID), q(p.Attempt), q(p.Order)
 	p.QLockedUntil, p.QGroup, p.QReadyAt, p.QDeadAt, p.QDoneAt = q(p.LockedUntil), q(p.Group), q(p.ReadyAt), q(p.DeadAt), q(p.DoneAt)
-	p.QLastError = q(p.LastError)
+	p.QLastError, p.QMetadata = q(p.LastError), q(p.Metadata)
 	p.QKeyCols = nil
 	if p.Key != nil {
 		for _, c := range p.Key.Columns() {

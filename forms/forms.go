@@ -13,6 +13,7 @@ package forms
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -385,4 +386,45 @@ func (b *base) allOrEach(ctx context.Context, n int, all string, allArgs []any, 
 		}
 	}
 	return hit, tx, nil
+}
+
+// conflict marks err with core.ErrConflict when the dialect says the
+// database rolled its transaction back for a concurrent one
+// (core.ConflictDetector).
+func (b *base) conflict(err error) error {
+	if err == nil || errors.Is(err, core.ErrConflict) {
+		return err
+	}
+	if d := b.plan.Caps.ConflictDetector; d != nil && d.Conflict(err) {
+		return fmt.Errorf("%w: %w", core.ErrConflict, err)
+	}
+	return err
+}
+
+// conflictRetries is how many times retryConflicts runs a statement again.
+const conflictRetries = 6
+
+// retryConflicts runs do, and again while it fails with a conflict
+// (core.ConflictDetector), up to conflictRetries more times, waiting 5 ms,
+// then twice as long each time, for the winner's writes to reach this
+// session's server; ctx ends the waits. do must be safe to run again after
+// a conflict rolled it back: a fenced completion is (its fence holds for
+// one outcome only). The last error is returned marked ErrConflict when it
+// is a conflict.
+func (b *base) retryConflicts(ctx context.Context, do func() error) error {
+	err := do()
+	for i := 0; i < conflictRetries && err != nil; i++ {
+		if b.conflict(err) == err {
+			return err // not a conflict
+		}
+		t := time.NewTimer(5 * time.Millisecond << i)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return b.conflict(err)
+		case <-t.C:
+		}
+		err = do()
+	}
+	return b.conflict(err)
 }

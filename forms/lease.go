@@ -74,7 +74,8 @@ func (f *lease) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 		// instead, and the stop waits for them.
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
 		defer cancel()
-		return f.claimOn(sctx, f.db, nil, f.clock(), max)
+		cs, err := f.claimOn(sctx, f.db, nil, f.clock(), max)
+		return cs, f.conflict(err)
 	}
 	tx, err := f.begin(ctx)
 	if err != nil {
@@ -83,7 +84,11 @@ func (f *lease) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
 	// The clock is read once the transaction is open: a begin that waited
 	// for the database (SQLite's one writer) must not shorten the lease.
-	return f.claimOn(ctx, tx, tx, f.clock(), max)
+	// Rows are handed out only once the commit succeeded: a claim that
+	// lost to another transaction (a deadlock, another node's claim on a
+	// multi-primary cluster) delivers nothing and says ErrConflict.
+	cs, err := f.claimOn(ctx, tx, tx, f.clock(), max)
+	return cs, f.conflict(err)
 }
 
 // claimTimeout bounds a claim statement that a stop does not cut short.
@@ -265,11 +270,14 @@ func (c *leaseClaim) Complete(ctx context.Context, o core.Outcome, done func(err
 func (f *lease) completeOne(ctx context.Context, c *leaseClaim, o core.Outcome) error {
 	token := c.finish()
 	q, args := f.completion(o, false, true, " AND "+f.plan.QLockedUntil+" = ?")
-	res, err := f.db.ExecContext(ctx, q, append(args, c.row.ID, f.plan.Time(token))...)
-	if err != nil {
-		return fmt.Errorf("sqlxbroker: lease completion (%s): %w", o.Kind, err)
-	}
-	return fenced(res.RowsAffected())
+	args = append(args, c.row.ID, f.plan.Time(token))
+	return f.retryConflicts(ctx, func() error {
+		res, err := f.db.ExecContext(ctx, q, args...)
+		if err != nil {
+			return fmt.Errorf("sqlxbroker: lease completion (%s): %w", o.Kind, err)
+		}
+		return fenced(res.RowsAffected())
+	})
 }
 
 func fenced(n int64, err error) error {
@@ -496,7 +504,11 @@ func (f *lease) succeed(ctx context.Context, batch []*leaseClaim) []error {
 		args = []any{p.Time(core.Now())}
 		returning = p.Dialect.Features().UpdateReturning
 	}
-	hit, err := f.fencedBatch(ctx, head, args, returning, batch, tokens)
+	var hit []bool
+	err := f.retryConflicts(ctx, func() (err error) {
+		hit, err = f.fencedBatch(ctx, head, args, returning, batch, tokens)
+		return err
+	})
 	errs := make([]error, len(batch))
 	for i := range errs {
 		switch {

@@ -30,6 +30,16 @@ used (peak conns) and prints deliveries/s divided by commits/s. --floor
 adds, for row-lock drains, the rate of the form's own statements run in a
 tight loop without the broker: what the database allows the form.
 
+--otel instruments the runs with package otelbroker (an OpenTelemetry SDK
+meter and tracer provider, every span sampled and dropped by a no-op
+exporter) on a table with ReadyAt and Metadata columns; --otel-compare runs
+each run twice on such a table, without the adapter and then with it
+(--otel-rounds pairs, in alternating order), and prints the median rates
+and CPU per delivery and their ratios.
+--otel-sample records the spans of that share of the deliveries (the
+tracer's sampler: a share of the trace ids), as an application that samples
+its traces would; --otel-traces=false measures the metrics alone.
+
 Lists in --form and --concurrency make a sweep: every form at every
 concurrency. --json prints one JSON line per run; --svg writes a chart of
 the sweep. For SQLite, --dsn may be a plain file path.
@@ -58,7 +68,18 @@ func benchCmd(args []string) error {
 	from := fs.String("from", "", "draw --svg from this file of --json lines (all of them, or those whose dialect is --driver's) instead of running")
 	title := fs.String("title", "", "the chart's title")
 	floor := fs.Bool("floor", false, "row-lock drains: also drain a table with the form's statements alone, no broker (floor/s; of floor = deliveries/s over it)")
+	withOtel := fs.Bool("otel", false, "instrument the runs with otelbroker (OpenTelemetry SDK, spans dropped)")
+	compare := fs.Bool("otel-compare", false, "run each run without and with otelbroker, and print both rates and the ratio")
+	rounds := fs.Int("otel-rounds", 1, "--otel-compare: pairs of runs, alternating without and with")
+	sample := fs.Float64("otel-sample", 1, "--otel, --otel-compare: share of the deliveries whose span is recorded (1: all; 0: none, metrics only)")
+	traces := fs.Bool("otel-traces", true, "--otel, --otel-compare: a span per delivery (false: the metrics alone, a no-op tracer)")
 	_ = fs.Parse(args)
+	if *rounds < 1 {
+		return fmt.Errorf("bench: --otel-rounds %d: want at least 1", *rounds)
+	}
+	if *sample < 0 || *sample > 1 {
+		return fmt.Errorf("bench: --otel-sample %v: want a share from 0 to 1", *sample)
+	}
 	if *from != "" {
 		return chartFrom(*from, *driver, *svg, *title)
 	}
@@ -82,8 +103,9 @@ func benchCmd(args []string) error {
 	if *driver == "sqlite" && !strings.HasPrefix(*dsn, "file:") {
 		*dsn = sqlite.DSN(*dsn)
 	}
-	if pd, ok := d.(postgres.Dialect); ok {
-		// Wake-ups on a listener of their own, as postgres.Open gives.
+	if pd, ok := d.(postgres.Dialect); ok && !pd.TransactionPooling {
+		// Wake-ups on a listener of their own, as postgres.Open gives
+		// (not through a transaction-mode pooler, which cannot LISTEN).
 		pd.ListenDSN = *dsn
 		d = pd
 	}
@@ -104,26 +126,72 @@ func benchCmd(args []string) error {
 		fmt.Printf("sqlxbroker bench: %s, %s, %d CPUs, %s\n", d.Name(), *mode, runtime.NumCPU(), runtime.Version())
 	}
 	var results []bench.Result
+	var compared []string
 	for _, f := range fl {
 		for _, k := range cl {
 			if !*asJSON {
 				fmt.Fprintf(os.Stderr, "%s %s concurrency %d\n", f, *mode, k)
 			}
-			r, err := bench.Run(context.Background(), bench.Config{Driver: *driver, DSN: *dsn, Dialect: d, Form: f,
+			c := bench.Config{Driver: *driver, DSN: *dsn, Dialect: d, Form: f,
 				Mode: *mode, Rows: *rows, Concurrency: k, BatchSize: *batch, Keys: *keys, Rate: *rate,
-				Duration: *dur, CommitDuration: *commit, Table: *table, Logf: logf, Profile: profile, Floor: *floor})
-			if err != nil {
-				return fmt.Errorf("bench %s concurrency %d: %w", f, k, err)
+				Duration: *dur, CommitDuration: *commit, Table: *table, Logf: logf, Profile: profile, Floor: *floor,
+				Traced: *withOtel || *compare}
+			var base, with []bench.Result
+			for round := range *rounds {
+				if !*compare && round > 0 {
+					break
+				}
+				order := []bool{false, true}
+				if round%2 == 1 { // alternate, so neither is always the second run
+					order = []bool{true, false}
+				}
+				for _, instrumented := range order {
+					if !*compare && instrumented != *withOtel {
+						continue
+					}
+					if *compare && !*asJSON {
+						fmt.Fprintf(os.Stderr, " round %d, otelbroker %v\n", round+1, instrumented)
+					}
+					var r *bench.Result
+					var err error
+					if instrumented {
+						r, err = runOtel(c, *sample, *traces)
+					} else {
+						base := c
+						if *compare {
+							base.Adapter = sameRows()
+						}
+						r, err = bench.Run(context.Background(), base)
+					}
+					if err != nil {
+						return fmt.Errorf("bench %s concurrency %d: %w", f, k, err)
+					}
+					results = append(results, *r)
+					if instrumented {
+						with = append(with, *r)
+					} else {
+						base = append(base, *r)
+					}
+					if *asJSON {
+						line, _ := json.Marshal(r)
+						fmt.Println(string(line))
+					}
+				}
 			}
-			results = append(results, *r)
-			if *asJSON {
-				line, _ := json.Marshal(r)
-				fmt.Println(string(line))
+			if *compare {
+				compared = append(compared, compareLine(base, with))
 			}
 		}
 	}
 	if !*asJSON {
 		printResults(results)
+	}
+	for _, l := range compared {
+		if *asJSON {
+			fmt.Fprintln(os.Stderr, l)
+		} else {
+			fmt.Println(l)
+		}
 	}
 	if *svg != "" {
 		out, err := os.Create(*svg)
@@ -168,13 +236,29 @@ func parseInts(s string) ([]int, error) {
 	return out, nil
 }
 
-// printResults prints one line per run, as docs/performance.md shows them.
+// printResults prints one line per run, as docs/performance.md shows them;
+// runs of --otel and --otel-compare with a column that names the adapter.
 func printResults(rs []bench.Result) {
-	fmt.Printf("\n| form | conc | rows | deliveries/s | p50 ms | p99 ms | peak conns | peak RSS MB | CPU us/delivery | commits/s | CPU us/commit | ratio | errors |\n")
-	fmt.Printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	named := false
 	for _, r := range rs {
-		fmt.Printf("| %s | %d | %d | %.0f | %.2f | %.2f | %d | %.0f | %.1f | %.0f | %.1f | %.2f | %d |\n",
-			r.Form, r.Concurrency, r.Rows, r.PerSecond, r.P50Ms, r.P99Ms, r.PeakConns, r.PeakRSSMB, r.CPUMicros, r.CommitsPerSec, r.CommitCPU, r.Ratio, r.Errors)
+		named = named || r.Traced
+	}
+	col, sep := "", ""
+	if named {
+		col, sep = " adapter |", " --- |"
+	}
+	fmt.Printf("\n| form |%s conc | rows | deliveries/s | p50 ms | p99 ms | peak conns | peak RSS MB | CPU us/delivery | commits/s | CPU us/commit | ratio | errors |\n", col)
+	fmt.Printf("| --- |%s ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n", sep)
+	for _, r := range rs {
+		adapter := ""
+		if named {
+			adapter = " none |"
+			if r.Adapter != "" {
+				adapter = " " + r.Adapter + " |"
+			}
+		}
+		fmt.Printf("| %s |%s %d | %d | %.0f | %.2f | %.2f | %d | %.0f | %.1f | %.0f | %.1f | %.2f | %d |\n",
+			r.Form, adapter, r.Concurrency, r.Rows, r.PerSecond, r.P50Ms, r.P99Ms, r.PeakConns, r.PeakRSSMB, r.CPUMicros, r.CommitsPerSec, r.CommitCPU, r.Ratio, r.Errors)
 	}
 	fmt.Printf("\n(commits/s: the raw commit loop over as many connections as the run's peak)\n")
 	for _, r := range rs {

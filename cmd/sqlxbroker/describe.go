@@ -17,7 +17,7 @@ import (
 // command takes.
 const describeUsage = `The table is described by flags mirroring sqlxbroker.Table (--table NAME,
 --id, --attempt, --order, --locked-until, --lease, --advisory-lock, --group,
---ready-at, --dead-at, --max-attempts, --done-at, --last-error), or by
+--ready-at, --dead-at, --max-attempts, --done-at, --last-error, --metadata), or by
 --tables FILE: a JSON array of objects whose keys are the same names in
 snake_case, e.g.
 
@@ -44,12 +44,14 @@ type tableJSON struct {
 	MaxAttempts  int    `json:"max_attempts"`
 	DoneAt       string `json:"done_at"`
 	LastError    string `json:"last_error"`
+	Metadata     string `json:"metadata"`
 }
 
 func (j tableJSON) table() (sqlxbroker.Table, error) {
 	t := sqlxbroker.Table{Name: j.Name, ID: j.ID, Attempt: j.Attempt, Order: j.Order,
 		LockedUntil: j.LockedUntil, AdvisoryLock: j.AdvisoryLock, Group: j.Group,
-		ReadyAt: j.ReadyAt, DeadAt: j.DeadAt, MaxAttempts: j.MaxAttempts, DoneAt: j.DoneAt, LastError: j.LastError}
+		ReadyAt: j.ReadyAt, DeadAt: j.DeadAt, MaxAttempts: j.MaxAttempts, DoneAt: j.DoneAt, LastError: j.LastError,
+		Metadata: j.Metadata}
 	if j.Lease != "" {
 		d, err := time.ParseDuration(j.Lease)
 		if err != nil {
@@ -89,6 +91,7 @@ func describeFlags(fs *flag.FlagSet) func() ([]sqlxbroker.Table, error) {
 	fs.IntVar(&f.MaxAttempts, "max-attempts", 0, "deliveries a row gets (0: unlimited)")
 	fs.StringVar(&f.DoneAt, "done-at", "", "done time column")
 	fs.StringVar(&f.LastError, "last-error", "", "last error column")
+	fs.StringVar(&f.Metadata, "metadata", "", "metadata column (the publisher's trace context)")
 	return func() ([]sqlxbroker.Table, error) {
 		described := map[string]bool{}
 		fs.Visit(func(fl *flag.Flag) {
@@ -139,7 +142,7 @@ func describeFlags(fs *flag.FlagSet) func() ([]sqlxbroker.Table, error) {
 var describeNames = map[string]bool{
 	"attempt": true, "order": true, "locked-until": true, "lease": true,
 	"advisory-lock": true, "group": true, "ready-at": true, "dead-at": true, "max-attempts": true,
-	"done-at": true, "last-error": true,
+	"done-at": true, "last-error": true, "metadata": true,
 }
 
 // readTables reads and validates a --tables file.
@@ -182,5 +185,5 @@ func readTables(path string) ([]sqlxbroker.Table, error) {
 // tableKeys lists the keys a --tables object may have.
 func tableKeys() []string {
 	return []string{"name", "id", "attempt", "order", "locked_until", "lease", "advisory_lock", "group",
-		"ready_at", "dead_at", "max_attempts", "done_at", "last_error"}
+		"ready_at", "dead_at", "max_attempts", "done_at", "last_error", "metadata"}
 }

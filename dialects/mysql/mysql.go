@@ -34,6 +34,18 @@
 //     clientFoundRows=true a duplicate would count 1: the dialect tries
 //     the broker's pool once (a temporary table) and refuses such a pool.
 //
+// On a Galera cluster (MariaDB Galera, Percona XtraDB Cluster: wsrep_on),
+// whose nodes all take writes, Start refuses the row-lock and advisory
+// forms with a *sqlxbroker.FormError: row locks and GET_LOCK are each
+// node's own, and a conflict between nodes shows only at COMMIT. The lease
+// form works across nodes, on a pool with interpolateParams=true (Start
+// refuses one that prepares statements, see checkCluster): a claim
+// commits before its rows are handed out,
+// and one that loses certification (error 1213 at COMMIT) delivers nothing
+// and is made again (Conflict); a completion that loses is run again, its
+// fence on the lease token keeping it from taking effect twice. See
+// docs/compatibility.md.
+//
 // Times are sent as fixed-format UTC text ("2006-01-02 15:04:05.000000"),
 // never as time.Time, so the DSN's parseTime and loc change nothing the
 // library compares; the server converts the text when it meets a DATETIME
@@ -73,7 +85,7 @@ import (
 	"sync"
 	"time"
 
-	_ "github.com/go-sql-driver/mysql" // the "mysql" database/sql driver
+	driver "github.com/go-sql-driver/mysql" // the "mysql" database/sql driver
 	"github.com/jmoiron/sqlx"
 	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/core"
@@ -97,6 +109,7 @@ var _ interface {
 	core.Starter
 	core.TableCreator
 	core.DuplicateSkipper
+	core.ConflictDetector
 } = Dialect{}
 
 // LockWaitLimit sets and resets the session's innodb_lock_wait_timeout
@@ -152,7 +165,81 @@ func (d Dialect) Start(ctx context.Context, pool *core.Pool, p *core.Plan) (func
 	if err := d.checkServer(ctx, pool, p.Form); err != nil {
 		return nil, err
 	}
+	if err := d.checkCluster(ctx, pool.DB, p.Form); err != nil {
+		return nil, err
+	}
 	return nil, checkTable(ctx, pool.DB, p)
+}
+
+// MySQL error numbers.
+const (
+	errDeadlock        = 1213 // ER_LOCK_DEADLOCK: the transaction was rolled back (a Galera certification failure too)
+	errUnknownVariable = 1193 // ER_UNKNOWN_SYSTEM_VARIABLE
+)
+
+// Conflict reports error 1213 (ER_LOCK_DEADLOCK): InnoDB rolled back the
+// whole transaction as a deadlock victim, or a Galera node rolled it back
+// because its write set lost certification to another node's (at COMMIT),
+// or aborted it for a replicated write set that needed its locks (at any
+// statement). A lock wait timeout (1205) is not one: it rolls back only the
+// statement, unless innodb_rollback_on_timeout says otherwise.
+func (Dialect) Conflict(err error) bool {
+	var me *driver.MySQLError
+	return errors.As(err, &me) && me.Number == errDeadlock
+}
+
+// checkCluster refuses the row-lock and advisory forms on a node of a
+// Galera cluster (MariaDB Galera, Percona XtraDB Cluster: wsrep_on with a
+// provider), whose nodes all take writes. There, locks are the node's own:
+// GET_LOCK excludes sessions of one node only, and a row lock does not
+// stop another node's transaction from changing the row; the write sets
+// are certified at COMMIT, and the one that loses is rolled back with a
+// deadlock error. A row-lock delivery would learn that only at its
+// completion, after its handler ran while another node's handler ran for
+// the same row. The lease form commits its claim before any handler runs,
+// so a claim that loses delivers nothing. MySQL has no wsrep_on (error
+// 1193), MariaDB without Galera answers OFF.
+//
+// The lease form works there on a pool that sends statements as text
+// (interpolateParams=true): with server-side prepared statements, a
+// transaction the node aborts between a statement's execution and its
+// close (which has no reply) is rolled back unreported, and the next
+// statements run outside it, so COMMIT reports nothing either; a lease
+// completion would then report success for a row it left leased, whose
+// handler runs again when the lease ends.
+func (d Dialect) checkCluster(ctx context.Context, db *sqlx.DB, form core.Form) error {
+	var on sql.NullInt64
+	var provider sql.NullString
+	err := db.QueryRowxContext(ctx, "SELECT @@GLOBAL.wsrep_on, @@GLOBAL.wsrep_provider").Scan(&on, &provider)
+	var me *driver.MySQLError
+	switch {
+	case errors.As(err, &me) && me.Number == errUnknownVariable:
+		return nil
+	case err != nil:
+		return fmt.Errorf("sqlxbroker: mysql: read wsrep_on: %w", err)
+	case on.Int64 != 1 || strings.EqualFold(provider.String, "none") || provider.String == "":
+		return nil
+	}
+	if form == core.Lease {
+		prepares, err := preparesStatements(ctx, db)
+		if err != nil {
+			return fmt.Errorf("sqlxbroker: mysql: check interpolateParams: %w", err)
+		}
+		if prepares {
+			return fmt.Errorf("sqlxbroker: mysql: the server is a node of a Galera cluster (wsrep_on=ON) and the pool prepares statements on the server: " +
+				"a transaction the node aborts for another node's write set between a prepared statement's execution and its close is rolled back without an error, " +
+				"so a lease completion could report success for a row it left leased: add interpolateParams=true to the DSN")
+		}
+		return nil
+	}
+	reason := "the server is a node of a Galera cluster (wsrep_on=ON), where row locks are the node's own: " +
+		"a claim on another node takes the same row, and the conflict shows only as a deadlock error at COMMIT, after both handlers ran"
+	if form == core.Advisory {
+		reason = "the server is a node of a Galera cluster (wsrep_on=ON), where GET_LOCK is the node's own: " +
+			"brokers on two nodes would hold the same key, and run two handlers for one row, at once"
+	}
+	return &sqlxbroker.FormError{Dialect: d.Name(), Form: form,
+		Reason: reason + "; use the lease form (Table.LockedUntil), whose claim commits before any handler runs and is made again when it loses to another node's"}
 }
 
 // checkServer checks the version and the session settings a pool gives:
@@ -285,6 +372,32 @@ func checkTable(ctx context.Context, db *sqlx.DB, p *core.Plan) error {
 		Reason: fmt.Sprintf("column %q is %s(%d): the lease deadline is compared exactly, so the column must be DATETIME(6)", p.LockedUntil, typ, max(prec, 0))}
 }
 
+// preparesStatements reports whether a statement with arguments on the
+// pool is prepared on the server (the driver's default) rather than sent
+// as text (interpolateParams=true): the session's Com_stmt_prepare counts
+// it.
+func preparesStatements(ctx context.Context, db *sqlx.DB) (bool, error) {
+	conn, err := db.Connx(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer conn.Close()
+	const count = "SHOW SESSION STATUS LIKE 'Com_stmt_prepare'"
+	var name string
+	var before, after int64
+	var one int
+	if err := conn.QueryRowxContext(ctx, count).Scan(&name, &before); err != nil {
+		return false, err
+	}
+	if err := conn.QueryRowxContext(ctx, "SELECT ?", 1).Scan(&one); err != nil {
+		return false, err
+	}
+	if err := conn.QueryRowxContext(ctx, count).Scan(&name, &after); err != nil {
+		return false, err
+	}
+	return after > before, nil
+}
+
 // ---- lease ----
 
 const (
@@ -292,12 +405,19 @@ const (
 	leaseLock = "SELECT %[1]s.%[2]s FROM %[3]s %[1]s WHERE %[4]s ORDER BY %[5]s LIMIT %[6]d FOR UPDATE SKIP LOCKED"
 	// leaseSet writes the deadline and counts the attempt of the locked ids.
 	leaseSet = "UPDATE %[1]s SET %[2]s = ?, %[3]s = %[6]s WHERE %[4]s IN (%[5]s)"
-	// leaseRead returns the claimed rows as they now are.
-	leaseRead = "SELECT * FROM %[1]s WHERE %[2]s IN (%[3]s) ORDER BY %[4]s"
+	// leaseRead returns the claimed rows as they now are: those holding
+	// the claim's deadline.
+	leaseRead = "SELECT * FROM %[1]s WHERE %[2]s IN (%[3]s) AND %[5]s = ? ORDER BY %[4]s"
 )
 
 // ClaimLeases locks up to p.Limit claimable rows, skipping held ones, sets
 // their deadline and attempt in one UPDATE, and re-reads them, all in tx.
+//
+// The re-read returns only the rows holding p.Deadline: a claim whose
+// transaction was rolled back between its statements without the next one
+// saying so (see checkCluster) returns none. (The UPDATE does not repeat
+// the claim's condition: it could then take another plan than the
+// primary key and wait for rows other claims hold.)
 func (Dialect) ClaimLeases(ctx context.Context, on sqlx.ExtContext, p *core.LeaseClaimParams) (*sqlx.Rows, error) {
 	pl := p.Plan
 	var ids []any
@@ -313,7 +433,7 @@ func (Dialect) ClaimLeases(ctx context.Context, on sqlx.ExtContext, p *core.Leas
 			return nil, err
 		}
 	}
-	return on.QueryxContext(ctx, fmt.Sprintf(leaseRead, pl.QTable, pl.QID, in, pl.OrderBy("")), ids...)
+	return on.QueryxContext(ctx, fmt.Sprintf(leaseRead, pl.QTable, pl.QID, in, pl.OrderBy(""), pl.QLockedUntil), append(ids, p.Deadline)...)
 }
 
 // ---- advisory ----
@@ -601,6 +721,9 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	}
 	if pl.LastError != "" {
 		add(pl.LastError, "TEXT NULL")
+	}
+	if pl.Metadata != "" {
+		add(pl.Metadata, "TEXT NULL")
 	}
 	for _, c := range pl.OrderColumns() {
 		add(c, "BIGINT")

@@ -225,65 +225,73 @@ func TestFIFOTwoBrokers(t *testing.T) {
 				tbl.AdvisoryLock = "row-{n}" // keys never collide: only the group orders rows
 			}
 			tbl = newTable(t, b1, tbl, payload...)
-			const groups, per = 3, 30
-			var msgs []msg
-			for i := range groups * per {
-				msgs = append(msgs, msg{N: int64(i), Grp: fmt.Sprint("g", i%groups)})
-			}
-			publish(t, b1, tbl, msgs...)
-
-			var mu sync.Mutex
-			starts := map[string][]int64{}
-			inWork := map[string]int{}
-			var done atomic.Int64
-			h := func(ctx context.Context, d *sqlxbroker.Delivery) error {
-				var m msg
-				if err := d.Scan(&m); err != nil {
-					return err
-				}
-				mu.Lock()
-				inWork[m.Grp]++
-				if inWork[m.Grp] > 1 {
-					t.Errorf("group %s: row %d runs while another row of the group is in work", m.Grp, m.N)
-				}
-				starts[m.Grp] = append(starts[m.Grp], m.N)
-				mu.Unlock()
-				time.Sleep(time.Millisecond) // the handler's work
-				mu.Lock()
-				inWork[m.Grp]--
-				mu.Unlock()
-				if m.N%10 == 0 && d.Attempt() == 1 {
-					return errors.New("first attempt fails")
-				}
-				return nil
-			}
-			p := sqlxbroker.SubscribeParams{Concurrency: 4, PollInterval: 20 * time.Millisecond,
-				OnOutcome: func(d *sqlxbroker.Delivery, o sqlxbroker.Outcome, err error) {
-					if err != nil {
-						t.Errorf("completion: %v", err)
-					}
-					if o.Kind == sqlxbroker.Succeeded {
-						done.Add(1)
-					}
-				}}
-			for i := range 4 {
-				subscribe(t, []*sqlxbroker.Broker{b1, b2}[i%2], tbl, h, p)
-			}
-			waitFor(t, 90*time.Second, "every row completed", func() bool { return done.Load() == groups*per })
-			mu.Lock()
-			defer mu.Unlock()
-			for g, ns := range starts {
-				for i := 1; i < len(ns); i++ {
-					if ns[i] < ns[i-1] {
-						t.Errorf("group %s ran out of order: %v", g, ns)
-						break
-					}
-				}
-				if len(ns) != per+per/10 {
-					t.Errorf("group %s: %d deliveries, want %d", g, len(ns), per+per/10)
-				}
-			}
+			fifoTwoBrokers(t, b1, b2, tbl)
 		})
+	}
+}
+
+// fifoTwoBrokers runs four subscriptions, two on each broker, over 3
+// FIFO groups of 30 rows each (every tenth row fails its first attempt)
+// and checks that no group has two rows in work at once and that each
+// runs in order, every row completed once and retried ones twice.
+func fifoTwoBrokers(t *testing.T, b1, b2 *sqlxbroker.Broker, tbl sqlxbroker.Table) {
+	const groups, per = 3, 30
+	var msgs []msg
+	for i := range groups * per {
+		msgs = append(msgs, msg{N: int64(i), Grp: fmt.Sprint("g", i%groups)})
+	}
+	publish(t, b1, tbl, msgs...)
+
+	var mu sync.Mutex
+	starts := map[string][]int64{}
+	inWork := map[string]int{}
+	var done atomic.Int64
+	h := func(ctx context.Context, d *sqlxbroker.Delivery) error {
+		var m msg
+		if err := d.Scan(&m); err != nil {
+			return err
+		}
+		mu.Lock()
+		inWork[m.Grp]++
+		if inWork[m.Grp] > 1 {
+			t.Errorf("group %s: row %d runs while another row of the group is in work", m.Grp, m.N)
+		}
+		starts[m.Grp] = append(starts[m.Grp], m.N)
+		mu.Unlock()
+		time.Sleep(time.Millisecond) // the handler's work
+		mu.Lock()
+		inWork[m.Grp]--
+		mu.Unlock()
+		if m.N%10 == 0 && d.Attempt() == 1 {
+			return errors.New("first attempt fails")
+		}
+		return nil
+	}
+	p := sqlxbroker.SubscribeParams{Concurrency: 4, PollInterval: 20 * time.Millisecond,
+		OnOutcome: func(d *sqlxbroker.Delivery, o sqlxbroker.Outcome, err error) {
+			if err != nil {
+				t.Errorf("completion: %v", err)
+			}
+			if o.Kind == sqlxbroker.Succeeded {
+				done.Add(1)
+			}
+		}}
+	for i := range 4 {
+		subscribe(t, []*sqlxbroker.Broker{b1, b2}[i%2], tbl, h, p)
+	}
+	waitFor(t, 90*time.Second, "every row completed", func() bool { return done.Load() == groups*per })
+	mu.Lock()
+	defer mu.Unlock()
+	for g, ns := range starts {
+		for i := 1; i < len(ns); i++ {
+			if ns[i] < ns[i-1] {
+				t.Errorf("group %s ran out of order: %v", g, ns)
+				break
+			}
+		}
+		if len(ns) != per+per/10 {
+			t.Errorf("group %s: %d deliveries, want %d", g, len(ns), per+per/10)
+		}
 	}
 }
 

@@ -6,4 +6,6 @@ var (
 	VersionString = versionString
 	ChannelOf     = channelOf
 	IndexName     = indexName
+
+	WithBinaryParameters = withBinaryParameters
 )

@@ -43,8 +43,9 @@ import (
 // maxRetry, logged through Dialect.Logger (see downLog);
 // subscriptions poll meanwhile, and are woken when it succeeds (after a
 // failover, on the promoted server). The pgx stdlib driver is not
-// imported, so its subscriptions poll only. A pooler in transaction mode
-// does not deliver notifications.
+// imported, so its subscriptions poll only. Behind a pooler in transaction
+// mode (Dialect.TransactionPooling) nothing listens unless ListenDSN is set:
+// publishes still notify, for subscribers connected otherwise.
 const heartbeat = 100 * time.Millisecond
 
 // maxRetry is the longest wait between two attempts to reconnect a
@@ -113,13 +114,17 @@ func (Dialect) WakeStatement(p *core.Plan) (string, []any) {
 
 // Listen returns a channel that receives after a publish to p's table
 // commits, and is closed when ctx ends. It fails at once for a driver other
-// than lib/pq or when the listening connection cannot be opened; the
-// subscription then polls only.
+// than lib/pq, when the listening connection cannot be opened, and behind
+// a transaction-mode pooler unless ListenDSN is set (an error matching
+// sqlxbroker.ErrUnsupported); the subscription then polls only.
 func (d Dialect) Listen(ctx context.Context, pool *core.Pool, p *core.Plan) (<-chan struct{}, error) {
 	db := pool.DB
-	switch db.Driver().(type) {
-	case *pq.Driver, *dsnDriver:
-	default:
+	if d.ListenDSN == "" {
+		if pooled, how := d.txPooling(ctx, pool); pooled {
+			return nil, errNoListen(how)
+		}
+	}
+	if !isPQ(db) {
 		return nil, fmt.Errorf("sqlxbroker: postgres: wake-ups need the lib/pq driver, not %T", db.Driver())
 	}
 	ls, err := core.Keep(pool, listenersKey{}, func() (*listeners, error) {
@@ -531,4 +536,14 @@ func (d Dialect) listenDSN(db *sqlx.DB) string {
 		return dd.dsn
 	}
 	return ""
+}
+
+// isPQ reports whether db's driver is lib/pq (plain, from Open, or
+// TxPoolDriver's).
+func isPQ(db *sqlx.DB) bool {
+	switch db.Driver().(type) {
+	case *pq.Driver, *dsnDriver, txPoolDriver:
+		return true
+	}
+	return false
 }

@@ -16,7 +16,8 @@
 //     64-bit hash of the key (PostgreSQL 11+). The lock belongs to the
 //     session, so the form needs a direct connection or a pooler in session
 //     mode: behind PgBouncer in transaction or statement mode a key would be
-//     taken on one server session and released on another;
+//     taken on one server session and released on another (the form is
+//     refused there: Dialect.TransactionPooling);
 //   - FIFO guard: pg_try_advisory_xact_lock(table oid, hashtext(group)), the
 //     two-key form, so guards never share a lock with the advisory form's
 //     one-key locks, and works on every supported server;
@@ -28,6 +29,11 @@
 //     (Open, Dialect.ListenDSN), a publish then wakes them within a round
 //     trip; otherwise on one pooled connection per pool, read every 100 ms
 //     (lib/pq only; see Dialect.Listen).
+//
+// Behind a pooler in transaction mode (PgBouncer pool_mode = transaction)
+// set Dialect.TransactionPooling, or open the pool with the driver name
+// "postgres-txpool" (TxPoolDriver): the advisory form is refused, wake-ups
+// poll and nothing is prepared. A pooler in session mode needs nothing.
 //
 // A server older than a form needs fails the subscription at start with a
 // *sqlxbroker.VersionError (core.ErrServerTooOld).
@@ -74,13 +80,31 @@ type Dialect struct {
 	ListenDSN string
 	// NoPrepare keeps the row-lock form from preparing its statements
 	// (core.RowLockSQL.Prepare): set it behind PgBouncer in transaction mode
-	// before 1.21, or with max_prepared_statements = 0.
+	// before 1.21, or with max_prepared_statements = 0. TransactionPooling
+	// implies it.
 	NoPrepare bool
 	// Logger receives the wake-up listener's connection failures (each at
 	// debug level; a warning once it has been down for a second, then at
 	// most every 30 s) and its recovery; default slog.Default().
 	// Subscriptions poll while it is down.
 	Logger *slog.Logger
+	// TransactionPooling says the connections go through a pooler in
+	// transaction (or statement) mode, such as PgBouncer with pool_mode =
+	// transaction, where a server session serves one client for one
+	// transaction only. Subscriptions to advisory tables are then refused
+	// at start with a *sqlxbroker.FormError (a session-scoped lock does not
+	// survive the pooling: use the lease or row-lock form), subscriptions
+	// do not LISTEN and poll instead, unless ListenDSN names a direct or
+	// session-mode DSN, and the row-lock form prepares nothing (NoPrepare).
+	// The driver name TxPoolDriver ("postgres-txpool") registers this
+	// dialect. Without the setting, the first subscription start of a pool
+	// probes for such a pooler and acts as if it were set when it finds
+	// one; the probe can miss a pooler (pooling.go), so set it. With lib/pq
+	// the DSN needs binary_parameters=yes as well: otherwise a statement
+	// with arguments is parsed and bound in two round trips, which the
+	// pooler may send to two server sessions ("unnamed prepared statement
+	// does not exist"); TxPoolDriver adds it.
+	TransactionPooling bool
 }
 
 var _ interface {
@@ -123,13 +147,15 @@ func (Dialect) Features() core.Features {
 const minChain = 120000
 
 // RowLock locks with FOR UPDATE SKIP LOCKED, chains commits from
-// PostgreSQL 12 on, and prepares statements unless NoPrepare.
+// PostgreSQL 12 on, and prepares statements unless NoPrepare or the pool
+// goes through a transaction-mode pooler.
 func (d Dialect) RowLock(ctx context.Context, pool *core.Pool) (*core.RowLockSQL, error) {
 	n, err := serverVersion(ctx, pool.DB)
 	if err != nil {
 		return nil, err
 	}
-	rl := &core.RowLockSQL{SkipLocked: "FOR UPDATE SKIP LOCKED", Prepare: !d.NoPrepare}
+	pooled, _ := d.txPooling(ctx, pool)
+	rl := &core.RowLockSQL{SkipLocked: "FOR UPDATE SKIP LOCKED", Prepare: !d.NoPrepare && !pooled}
 	if n >= minChain {
 		rl.ChainCommit = "COMMIT AND CHAIN"
 	}
@@ -304,14 +330,24 @@ const (
 )
 
 // Start reads server_version_num and fails with a *sqlxbroker.VersionError
-// when the server is too old for p's form. It is one round trip per
-// subscription start, so nothing is kept.
-func (Dialect) Start(ctx context.Context, pool *core.Pool, p *core.Plan) (func() error, error) {
+// when the server is too old for p's form, and refuses the advisory form
+// with a *sqlxbroker.FormError behind a transaction-mode pooler
+// (TransactionPooling, or found by the pool's probe). The version is one
+// round trip per subscription start, so it is not kept.
+func (d Dialect) Start(ctx context.Context, pool *core.Pool, p *core.Plan) (func() error, error) {
 	n, err := serverVersion(ctx, pool.DB)
 	if err != nil {
 		return nil, err
 	}
-	return nil, checkVersion(n, p.Form)
+	if err := checkVersion(n, p.Form); err != nil {
+		return nil, err
+	}
+	if p.Form == core.Advisory {
+		if pooled, how := d.txPooling(ctx, pool); pooled {
+			return nil, d.refuseAdvisory(how)
+		}
+	}
+	return nil, nil
 }
 
 // serverVersion reads server_version_num.
@@ -394,7 +430,7 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	fixed := [][2]string{
 		{pl.ID, "bigserial PRIMARY KEY"}, {pl.Attempt, "integer NOT NULL DEFAULT 1"},
 		{pl.LockedUntil, "timestamptz"}, {pl.ReadyAt, "timestamptz"}, {pl.DeadAt, "timestamptz"}, {pl.DoneAt, "timestamptz"},
-		{pl.LastError, "text"},
+		{pl.LastError, "text"}, {pl.Metadata, "text"},
 	}
 	for _, c := range fixed {
 		if c[0] != "" {

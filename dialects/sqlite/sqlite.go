@@ -322,6 +322,9 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	if pl.LastError != "" {
 		add(pl.LastError, "TEXT")
 	}
+	if pl.Metadata != "" {
+		add(pl.Metadata, "TEXT")
+	}
 	for _, c := range pl.OrderColumns() {
 		add(c, "INTEGER NOT NULL")
 	}

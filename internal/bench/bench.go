@@ -78,6 +78,45 @@ type Config struct {
 	// Profile, when set, receives a CPU profile of the drain or steady
 	// phase alone (the fill left out).
 	Profile io.Writer
+
+	// Traced gives the table a ReadyAt and a Metadata column (the
+	// publisher's trace context), as an instrumented application's table
+	// has: a comparison with and without Adapter runs both on such a
+	// table.
+	Traced bool
+	// Adapter, when set, instruments the run (an observability adapter
+	// such as otelbroker's), so its cost can be measured.
+	Adapter *Adapter
+}
+
+// Adapter is what an observability adapter does to a run. The package
+// imports none: the command supplies it.
+type Adapter struct {
+	Name string // reported as Result.Adapter
+	// Broker is called with the broker that publishes (the fill's, the
+	// steady mode's), before it publishes: to set its MetadataFunc.
+	Broker func(*sqlxbroker.Broker)
+	// PublishContext returns the context a publish runs in (a span of its
+	// own) and the function that ends it.
+	PublishContext func(context.Context) (context.Context, func())
+	// Wrap wraps the subscription's handler and params.
+	Wrap func(sqlxbroker.Table, sqlxbroker.Handler, sqlxbroker.SubscribeParams) (sqlxbroker.Handler, sqlxbroker.SubscribeParams)
+}
+
+// publishCtx is the context of one publish: the adapter's, or ctx.
+func (c *Config) publishCtx(ctx context.Context) (context.Context, func()) {
+	if c.Adapter == nil || c.Adapter.PublishContext == nil {
+		return ctx, func() {}
+	}
+	return c.Adapter.PublishContext(ctx)
+}
+
+// wrap is the adapter's Wrap, or h and p as they are.
+func (c *Config) wrap(t sqlxbroker.Table, h sqlxbroker.Handler, p sqlxbroker.SubscribeParams) (sqlxbroker.Handler, sqlxbroker.SubscribeParams) {
+	if c.Adapter == nil || c.Adapter.Wrap == nil {
+		return h, p
+	}
+	return c.Adapter.Wrap(t, h, p)
 }
 
 // Result is what a run measured. Latency is publish-to-handler in steady
@@ -107,6 +146,8 @@ type Result struct {
 	FloorCPU      float64 `json:"cpu_us_per_floor,omitempty"`  // this process's CPU per row of the floor, the fill left out
 	OfFloor       float64 `json:"of_floor,omitempty"`          // PerSecond / FloorPerSec
 	Errors        int64   `json:"errors"`                      // claim and completion errors, lost leases
+	Traced        bool    `json:"traced,omitempty"`            // the table had ReadyAt and Metadata columns (Config.Traced)
+	Adapter       string  `json:"adapter,omitempty"`           // the adapter that instrumented the run (Config.Adapter)
 }
 
 func (c *Config) defaults() error {
@@ -194,12 +235,21 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 	defer db.Close()
 	b := sqlxbroker.OpenDialect(db, c.Dialect)
 	t := Table(c.Table, c.Form)
+	if c.Traced {
+		t.ReadyAt, t.Metadata = "ready_at", "meta"
+	}
 	if err := recreate(ctx, b, t); err != nil {
 		return nil, err
 	}
 	defer drop(b, t.Name)
 	r := &Result{Dialect: c.Dialect.Name(), Server: serverVersion(ctx, db), Form: c.Form.String(), Mode: c.Mode,
-		Concurrency: c.Concurrency, BatchSize: c.BatchSize}
+		Concurrency: c.Concurrency, BatchSize: c.BatchSize, Traced: c.Traced}
+	if c.Adapter != nil {
+		r.Adapter = c.Adapter.Name
+		if c.Adapter.Broker != nil {
+			c.Adapter.Broker(b)
+		}
+	}
 
 	switch c.Mode {
 	case Drain:
@@ -290,9 +340,11 @@ func serverVersion(ctx context.Context, db *sqlx.DB) string {
 	return ""
 }
 
-// fill publishes n rows in transactions of 10,000, each with pub_ns set to
-// now and its key among keys.
-func fill(ctx context.Context, b *sqlxbroker.Broker, t sqlxbroker.Table, n, keys int) error {
+// fill publishes c.Rows rows in transactions of 10,000, each with pub_ns
+// set to now and its key among c.Keys; each transaction in the adapter's
+// publish context.
+func fill(ctx context.Context, c *Config, b *sqlxbroker.Broker, t sqlxbroker.Table) error {
+	n, keys := c.Rows, c.Keys
 	const chunk = 10_000
 	msgs := make([]any, 0, chunk)
 	for start := 0; start < n; start += chunk {
@@ -305,7 +357,10 @@ func fill(ctx context.Context, b *sqlxbroker.Broker, t sqlxbroker.Table, n, keys
 		if err != nil {
 			return err
 		}
-		if err := b.Publish(ctx, tx, t, msgs...); err != nil {
+		pctx, end := c.publishCtx(ctx)
+		err = b.Publish(pctx, tx, t, msgs...)
+		end()
+		if err != nil {
 			tx.Rollback()
 			return err
 		}
@@ -419,7 +474,7 @@ const sample = 8
 // draining it.
 func drain(ctx context.Context, c Config, b *sqlxbroker.Broker, t sqlxbroker.Table, r *Result) error {
 	c.Logf("filling %d rows", c.Rows)
-	if err := fill(ctx, b, t, c.Rows, c.Keys); err != nil {
+	if err := fill(ctx, &c, b, t); err != nil {
 		return fmt.Errorf("bench: fill: %w", err)
 	}
 	r.Rows = c.Rows
@@ -453,6 +508,7 @@ func drain(ctx context.Context, c Config, b *sqlxbroker.Broker, t sqlxbroker.Tab
 				close(finished)
 			}
 		}}
+	h, p = c.wrap(t, h, p)
 	c.Logf("draining with concurrency %d", c.Concurrency)
 	w := startWatch(db, c.Profile)
 	begin := time.Now()
@@ -511,6 +567,7 @@ func steady(ctx context.Context, c Config, b *sqlxbroker.Broker, t sqlxbroker.Ta
 		return nil
 	}
 	p := sqlxbroker.SubscribeParams{Concurrency: c.Concurrency, BatchSize: c.BatchSize, Logger: quiet()}
+	h, p = c.wrap(t, h, p)
 	w := startWatch(db, c.Profile)
 	s, err := sb.Subscribe(ctx, t, h, p)
 	if err != nil {
@@ -531,7 +588,10 @@ func steady(ctx context.Context, c Config, b *sqlxbroker.Broker, t sqlxbroker.Ta
 			time.Sleep(d)
 		}
 		m := message{Acct: strconv.Itoa(i % c.Keys), PubNS: time.Now().UnixNano()}
-		if err := b.Publish(ctx, b.DB(), t, m); err != nil {
+		pctx, end := c.publishCtx(ctx)
+		err := b.Publish(pctx, b.DB(), t, m)
+		end()
+		if err != nil {
 			w.end(r)
 			return fmt.Errorf("bench: publish: %w", err)
 		}

@@ -43,7 +43,9 @@ func RowLockFloor(ctx context.Context, c Config, db *sqlx.DB, conns int) (float6
 		return 0, 0, err
 	}
 	defer drop(b, t.Name)
-	if err := fill(ctx, b, t, c.Rows, c.Keys); err != nil {
+	plain := c // the floor's table is plain: no adapter's publish context
+	plain.Adapter = nil
+	if err := fill(ctx, &plain, b, t); err != nil {
 		return 0, 0, fmt.Errorf("bench: row-lock floor: fill: %w", err)
 	}
 	p, err := sqlxbroker.NewPlan(c.Dialect, t)
