@@ -6,7 +6,10 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	"sync"
 	"time"
 
@@ -34,11 +37,63 @@ import (
 //
 // Either listener is given up when the last subscription of the pool stops,
 // and replaced when it fails; every subscription is then woken, since
-// notifications may have been missed. The pgx stdlib driver is not
+// notifications may have been missed. A replacement that fails (the server
+// is down, or is a standby: "cannot execute LISTEN during recovery",
+// SQLSTATE 25006) is retried with a backoff that doubles up to
+// maxRetry, logged through Dialect.Logger (see downLog);
+// subscriptions poll meanwhile, and are woken when it succeeds (after a
+// failover, on the promoted server). The pgx stdlib driver is not
 // imported, so its subscriptions poll only. Behind a pooler in transaction
 // mode (Dialect.TransactionPooling) nothing listens unless ListenDSN is set:
 // publishes still notify, for subscribers connected otherwise.
 const heartbeat = 100 * time.Millisecond
+
+// maxRetry is the longest wait between two attempts to reconnect a
+// listener. A listener down for warnAfter is logged as a warning, then at
+// most every logEvery; shorter outages (a session ended, replaced within
+// milliseconds) only at debug level.
+const (
+	maxRetry  = 5 * time.Second
+	warnAfter = time.Second
+	logEvery  = 30 * time.Second
+)
+
+// downLog logs a listener's failures: each at debug level, a warning once
+// it has been down for warnAfter and then at most every logEvery, and a
+// line when it is back after a warning.
+type downLog struct {
+	log    *slog.Logger
+	mu     sync.Mutex
+	since  time.Time // the first failure not followed by a success
+	warned time.Time // the last warning
+	n      int       // failures since the last warning
+}
+
+func (l *downLog) failed(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	if l.since.IsZero() {
+		l.since = now
+	}
+	l.n++
+	if now.Sub(l.since) < warnAfter || now.Sub(l.warned) < logEvery {
+		l.log.Debug("sqlxbroker: postgres: wake-up listener down", "err", err)
+		return
+	}
+	l.log.Warn("sqlxbroker: postgres: wake-up listener down; subscriptions poll until it reconnects",
+		"err", err, "failures", l.n, "down_for", now.Sub(l.since).Round(time.Millisecond))
+	l.warned, l.n = now, 0
+}
+
+func (l *downLog) ok() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.warned.IsZero() {
+		l.log.Info("sqlxbroker: postgres: wake-up listener reconnected", "down_for", time.Since(l.since).Round(time.Millisecond))
+	}
+	l.since, l.warned, l.n = time.Time{}, time.Time{}, 0
+}
 
 // channelOf is the notification channel of p's table: "sqlxbroker:<table>",
 // or for a long name a cut one made unique with a hash, at most 63 bytes.
@@ -72,7 +127,13 @@ func (d Dialect) Listen(ctx context.Context, pool *core.Pool, p *core.Plan) (<-c
 	if !isPQ(db) {
 		return nil, fmt.Errorf("sqlxbroker: postgres: wake-ups need the lib/pq driver, not %T", db.Driver())
 	}
-	ls, err := core.Keep(pool, listenersKey{}, func() (*listeners, error) { return &listeners{db: db}, nil })
+	ls, err := core.Keep(pool, listenersKey{}, func() (*listeners, error) {
+		log := d.Logger
+		if log == nil {
+			log = slog.Default()
+		}
+		return &listeners{db: db, log: log}, nil
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -94,6 +155,7 @@ type listenersKey struct{}
 // when its last receiver leaves; Close (the broker's) ends it.
 type listeners struct {
 	db     *sqlx.DB
+	log    *slog.Logger
 	mu     sync.Mutex
 	cur    listener
 	closed bool
@@ -130,7 +192,7 @@ func (ls *listeners) join(dsn, name string, ch chan struct{}) (l listener, first
 		if dsn != "" {
 			l = newPushHub(ls, dsn)
 		} else {
-			h := &hub{ls: ls, db: ls.db, done: make(chan struct{})}
+			h := &hub{ls: ls, db: ls.db, done: make(chan struct{}), down: downLog{log: ls.log}}
 			go h.run()
 			l = h
 		}
@@ -175,8 +237,11 @@ type hub struct {
 	db   *sqlx.DB
 	subs wake.Fanout
 
-	io   sync.Mutex // held for every statement on conn
-	conn *sqlx.Conn // nil: not connected
+	io      sync.Mutex // held for every statement on conn
+	conn    *sqlx.Conn // nil: not connected
+	backoff time.Duration
+	retryAt time.Time // no reconnection before
+	down    downLog
 
 	once sync.Once
 	done chan struct{}
@@ -234,17 +299,30 @@ func (h *hub) run() {
 }
 
 // beat runs the empty statement that reads pending notifications, and
-// reconnects a failed connection. The caller holds h.io.
+// reconnects a failed connection, backing off while reconnections fail.
+// The caller holds h.io.
 func (h *hub) beat() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*heartbeat)
 	defer cancel()
 	if h.conn != nil {
-		if _, err := h.conn.ExecContext(ctx, ";"); err == nil {
+		_, err := h.conn.ExecContext(ctx, ";")
+		if err == nil {
 			return
 		}
 		h.drop()
+		h.down.failed(err)
 	}
-	_ = h.connect(ctx) // on failure, try again next beat
+	if time.Now().Before(h.retryAt) {
+		return
+	}
+	if err := h.connect(ctx); err != nil {
+		h.backoff = min(max(2*h.backoff, heartbeat), maxRetry)
+		h.retryAt = time.Now().Add(h.backoff)
+		h.down.failed(err)
+		return
+	}
+	h.backoff, h.retryAt = 0, time.Time{}
+	h.down.ok()
 }
 
 // connect takes a connection from the pool, hooks the notification handler
@@ -263,7 +341,7 @@ func (h *hub) connect(ctx context.Context) (err error) {
 				err = fmt.Errorf("cannot receive notifications on %T: %v", dc, r)
 			}
 		}()
-		c, _ := dc.(driver.Conn)
+		c, _ := unwrapConn(dc).(driver.Conn)
 		pq.SetNotificationHandler(c, func(n *pq.Notification) { h.subs.Wake(n.Channel) })
 		return nil
 	})
@@ -294,6 +372,7 @@ func (h *hub) drop() {
 type pushHub struct {
 	ls   *listeners
 	dsn  string
+	down downLog
 	lmu  sync.Mutex // held for each LISTEN or UNLISTEN
 	l    *pq.Listener
 	subs wake.Fanout
@@ -302,10 +381,14 @@ type pushHub struct {
 }
 
 func newPushHub(ls *listeners, dsn string) *pushHub {
-	h := &pushHub{ls: ls, dsn: dsn, done: make(chan struct{})}
-	h.l = pq.NewListener(dsn, 10*time.Millisecond, time.Second, func(ev pq.ListenerEventType, err error) {
-		if ev == pq.ListenerEventConnected || ev == pq.ListenerEventReconnected {
+	h := &pushHub{ls: ls, dsn: dsn, done: make(chan struct{}), down: downLog{log: ls.log}}
+	h.l = pq.NewListener(dsn, 10*time.Millisecond, maxRetry, func(ev pq.ListenerEventType, err error) {
+		switch ev {
+		case pq.ListenerEventConnected, pq.ListenerEventReconnected:
+			h.down.ok()
 			h.subs.Wake("") // notifications may have been missed meanwhile
+		case pq.ListenerEventDisconnected, pq.ListenerEventConnectionAttemptFailed:
+			h.down.failed(err)
 		}
 	})
 	go h.run()
@@ -325,14 +408,35 @@ func (h *pushHub) listen(_ context.Context, name string, first bool) error {
 
 // sync LISTENs on name while it has receivers and UNLISTENs otherwise. Calls
 // run one at a time and each reads the receivers afresh, so a leave and a
-// join racing on one channel end as the last of them left it.
+// join racing on one channel end as the last of them left it. A LISTEN the
+// server refuses (a standby: 25006) is tried again, backing off, until it
+// succeeds, the channel has no receiver left or the hub stops; the
+// listener itself re-LISTENs on every channel it holds when it reconnects.
 func (h *pushHub) sync(name string) {
-	h.lmu.Lock()
-	defer h.lmu.Unlock()
-	if h.subs.Has(name) {
-		_ = h.l.Listen(name) // ErrChannelAlreadyOpen: nothing to do
-	} else {
-		_ = h.l.Unlisten(name) // ErrChannelNotOpen: nothing to do
+	wait := 10 * time.Millisecond
+	for {
+		h.lmu.Lock()
+		var err error
+		if h.subs.Has(name) {
+			err = h.l.Listen(name)
+		} else {
+			_ = h.l.Unlisten(name) // ErrChannelNotOpen: nothing to do
+		}
+		h.lmu.Unlock()
+		if err == nil && wait > 10*time.Millisecond {
+			h.down.ok()
+			h.subs.Wake(name) // publishes while it was refused went unheard
+		}
+		if err == nil || errors.Is(err, pq.ErrChannelAlreadyOpen) || errors.Is(err, net.ErrClosed) {
+			return
+		}
+		h.down.failed(err)
+		select {
+		case <-h.done:
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, maxRetry)
 	}
 }
 
@@ -375,8 +479,22 @@ func (h *pushHub) run() {
 // Open opens a lib/pq pool on dsn whose subscriptions receive wake-ups as
 // soon as the server sends them (see Dialect.ListenDSN): the pool's driver
 // carries the DSN, so nothing is kept beside the pool. Close it as usual.
+//
+// The pool follows a failover: a connection whose statement failed because
+// its server is a standby, read-only or shutting down (Stale) is closed
+// instead of pooled, and the next one goes where dsn points then (a
+// multi-host DSN with target_session_attrs=read-write, or a name that moves
+// to the new primary). Conn.Raw on the pool's connections sees a wrapper of
+// the lib/pq connection.
 func Open(dsn string) (*sqlx.DB, error) {
-	c, err := pq.NewConnector(dsn)
+	cfg, err := pq.NewConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkHosts(cfg); err != nil {
+		return nil, err
+	}
+	c, err := pq.NewConnectorConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -390,8 +508,17 @@ type dsnConnector struct {
 	d *dsnDriver
 }
 
-func (c *dsnConnector) Connect(ctx context.Context) (driver.Conn, error) { return c.c.Connect(ctx) }
-func (c *dsnConnector) Driver() driver.Driver                            { return c.d }
+// Connect opens a lib/pq connection that the pool discards after a Stale
+// error (see failover.go).
+func (c *dsnConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	cn, err := c.c.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &failoverConn{Conn: cn}, nil
+}
+
+func (c *dsnConnector) Driver() driver.Driver { return c.d }
 
 // dsnDriver is lib/pq's driver with the DSN its pool was opened with.
 type dsnDriver struct {

@@ -37,6 +37,14 @@
 //
 // A server older than a form needs fails the subscription at start with a
 // *sqlxbroker.VersionError (core.ErrServerTooOld).
+//
+// Failover: a pool from Open drops a connection whose statement failed
+// because its server is a standby, read-only or shutting down (Stale), so
+// with a multi-host DSN and target_session_attrs=read-write, or a name the
+// deployment moves to the new primary, subscriptions resume on a promoted
+// standby by themselves; the wake-up listener reconnects with a backoff
+// and does not loop on "cannot execute LISTEN during recovery". See
+// docs/operations.md, "PostgreSQL failover".
 package postgres
 
 import (
@@ -44,6 +52,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -74,6 +83,11 @@ type Dialect struct {
 	// before 1.21, or with max_prepared_statements = 0. TransactionPooling
 	// implies it.
 	NoPrepare bool
+	// Logger receives the wake-up listener's connection failures (each at
+	// debug level; a warning once it has been down for a second, then at
+	// most every 30 s) and its recovery; default slog.Default().
+	// Subscriptions poll while it is down.
+	Logger *slog.Logger
 	// TransactionPooling says the connections go through a pooler in
 	// transaction (or statement) mode, such as PgBouncer with pool_mode =
 	// transaction, where a server session serves one client for one
