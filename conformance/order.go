@@ -66,7 +66,7 @@ func publishPrio(t TB, tg *Target, b *sqlxbroker.Broker, tb sqlxbroker.Table, n,
 // last key) is delivered in that order by two brokers running one handler
 // each: each broker's deliveries follow the order, and a delivery that
 // started after another ended comes after it in the order (a handler runs
-// 50 ms, longer than a claim takes from its candidates to the handler's
+// 150 ms, longer than a claim takes from its candidates to the handler's
 // start, so a row claimed first has started by then). With FIFO
 // groups (where the dialect guards them) each group is delivered in the
 // same order.
@@ -97,7 +97,7 @@ func PriorityOrder(t TB, tg *Target, f sqlxbroker.Form) {
 			e := &event{broker: broker, pos: p, start: seq}
 			events = append(events, e)
 			mu.Unlock()
-			time.Sleep(50 * time.Millisecond) // longer than a claim takes: see above
+			time.Sleep(150 * time.Millisecond) // longer than a claim takes, on a loaded machine too: see above
 			mu.Lock()
 			seq++
 			e.end = seq
