@@ -55,7 +55,7 @@ func (d Dialect) SkipDuplicates(_ context.Context, p *core.SkipDuplicatesParams)
 // CreateTable lets the suite make its tables.
 func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	cols := []string{`"id" INTEGER PRIMARY KEY`, `"attempt" INTEGER NOT NULL DEFAULT 1`}
-	for _, c := range []string{p.Plan.LockedUntil, p.Plan.ReadyAt, p.Plan.DeadAt, p.Plan.DoneAt, p.Plan.Group, p.Plan.LastError} {
+	for _, c := range []string{p.Plan.LockedUntil, p.Plan.ReadyAt, p.Plan.DeadAt, p.Plan.DoneAt, p.Plan.Group, p.Plan.LastError, p.Plan.Metadata} {
 		if c != "" {
 			cols = append(cols, d.QuoteIdent(c)+" TEXT")
 		}
