@@ -34,6 +34,16 @@ Lists in --form and --concurrency make a sweep: every form at every
 concurrency. --json prints one JSON line per run; --svg writes a chart of
 the sweep. For SQLite, --dsn may be a plain file path.
 
+--procs N drains one table with N worker processes (this program again),
+each with --concurrency handlers: the table is filled once, the workers
+start together, and the aggregate (first Subscribe to last completion in
+any process) is printed with each process's part and what the database
+showed of the claims' contention (PostgreSQL: pg_stat_activity sampled
+every 50 ms and the table's index reads per delivery; MariaDB: the
+server's InnoDB row lock waits and rows read). --procs-compare N runs one
+process with --concurrency handlers, then N processes with a share of
+them each, on the same fill size, and prints the ratio of their rates.
+
 flags:
 `
 
@@ -58,6 +68,8 @@ func benchCmd(args []string) error {
 	from := fs.String("from", "", "draw --svg from this file of --json lines (all of them, or those whose dialect is --driver's) instead of running")
 	title := fs.String("title", "", "the chart's title")
 	floor := fs.Bool("floor", false, "row-lock drains: also drain a table with the form's statements alone, no broker (floor/s; of floor = deliveries/s over it)")
+	procs := fs.Int("procs", 0, "drain with this many worker processes of --concurrency handlers each, on one table")
+	compare := fs.Int("procs-compare", 0, "drain with 1 process of --concurrency handlers, then with this many of a share each; print the ratio")
 	_ = fs.Parse(args)
 	if *from != "" {
 		return chartFrom(*from, *driver, *svg, *title)
@@ -75,17 +87,12 @@ func benchCmd(args []string) error {
 		fs.Usage()
 		return fmt.Errorf("bench: --driver and --dsn are required")
 	}
-	d, err := sqlxbroker.Lookup(*driver)
-	if err != nil {
-		return err
-	}
 	if *driver == "sqlite" && !strings.HasPrefix(*dsn, "file:") {
 		*dsn = sqlite.DSN(*dsn)
 	}
-	if pd, ok := d.(postgres.Dialect); ok {
-		// Wake-ups on a listener of their own, as postgres.Open gives.
-		pd.ListenDSN = *dsn
-		d = pd
+	d, err := benchDialect(*driver, *dsn)
+	if err != nil {
+		return err
 	}
 	fl, err := benchForms(*forms, d)
 	if err != nil {
@@ -102,6 +109,17 @@ func benchCmd(args []string) error {
 	}
 	if !*asJSON {
 		fmt.Printf("sqlxbroker bench: %s, %s, %d CPUs, %s\n", d.Name(), *mode, runtime.NumCPU(), runtime.Version())
+	}
+	if *procs > 0 || *compare > 0 {
+		if *procs > 0 && *compare > 0 {
+			return errors.New("bench: --procs and --procs-compare exclude each other")
+		}
+		if *mode != bench.Drain {
+			return errors.New("bench: --procs and --procs-compare run drains only (--mode drain)")
+		}
+		base := bench.Config{Driver: *driver, DSN: *dsn, Dialect: d, Rows: *rows, BatchSize: *batch, Keys: *keys,
+			Table: *table, Logf: logf, CommitDuration: -1}
+		return benchProcs(base, fl, cl, *procs, *compare, *asJSON)
 	}
 	var results []bench.Result
 	for _, f := range fl {
@@ -142,6 +160,20 @@ func benchCmd(args []string) error {
 		}
 	}
 	return nil
+}
+
+// benchDialect is the dialect registered for driver; PostgreSQL's listens
+// for wake-ups on a connection of its own, as postgres.Open gives.
+func benchDialect(driver, dsn string) (core.Dialect, error) {
+	d, err := sqlxbroker.Lookup(driver)
+	if err != nil {
+		return nil, err
+	}
+	if pd, ok := d.(postgres.Dialect); ok {
+		pd.ListenDSN = dsn
+		d = pd
+	}
+	return d, nil
 }
 
 // benchForms reads --form: "all" is every form d offers.
