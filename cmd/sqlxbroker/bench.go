@@ -27,8 +27,13 @@ that do nothing (--mode drain), or publishes --rate messages per second for
 --duration and measures publish-to-handler latency (--mode steady). Each run
 also measures the database's raw commit rate over as many connections as it
 used (peak conns) and prints deliveries/s divided by commits/s. --floor
-adds, for row-lock drains, the rate of the form's own statements run in a
-tight loop without the broker: what the database allows the form.
+adds, for drains, the rate of the form's own statements run in a tight
+loop without the broker, at the same concurrency: what the database
+allows the form (row lock: claim, delete, commit per row over as many
+connections as handlers; lease: claims of half a batch and their fenced
+deletes, two at a time; advisory: candidates, keys tried and rows taken
+for half a batch, two at a time, deleted and released on one key
+session).
 
 Lists in --form and --concurrency make a sweep: every form at every
 concurrency. --json prints one JSON line per run; --svg writes a chart of
@@ -67,7 +72,7 @@ func benchCmd(args []string) error {
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the drain (or steady phase) of the last run to this file")
 	from := fs.String("from", "", "draw --svg from this file of --json lines (all of them, or those whose dialect is --driver's) instead of running")
 	title := fs.String("title", "", "the chart's title")
-	floor := fs.Bool("floor", false, "row-lock drains: also drain a table with the form's statements alone, no broker (floor/s; of floor = deliveries/s over it)")
+	floor := fs.Bool("floor", false, "drains: also drain a table with the form's statements alone, no broker (floor/s; of floor = deliveries/s over it)")
 	procs := fs.Int("procs", 0, "drain with this many worker processes of --concurrency handlers each, on one table")
 	compare := fs.Int("procs-compare", 0, "drain with 1 process of --concurrency handlers, then with this many of a share each; print the ratio")
 	_ = fs.Parse(args)
@@ -211,8 +216,8 @@ func printResults(rs []bench.Result) {
 	fmt.Printf("\n(commits/s: the raw commit loop over as many connections as the run's peak)\n")
 	for _, r := range rs {
 		if r.FloorPerSec > 0 {
-			fmt.Printf("%s at %d: the form's statements alone %.0f/s (%.2f of commits/s); the broker %.2f of that\n",
-				r.Form, r.Concurrency, r.FloorPerSec, r.FloorRatio, r.OfFloor)
+			fmt.Printf("%s at %d: the form's statements alone %.0f/s on %d connections (%.2f of commits/s); the broker %.2f of that\n",
+				r.Form, r.Concurrency, r.FloorPerSec, r.FloorConns, r.FloorRatio, r.OfFloor)
 		}
 	}
 }

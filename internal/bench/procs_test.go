@@ -41,7 +41,7 @@ func TestRunProcs(t *testing.T) {
 	for _, tg := range targets(t) {
 		for _, f := range formsOf(tg) {
 			t.Run(tg.name+"/"+f.String(), func(t *testing.T) {
-				const rows, procs = 1500, 3
+				const rows, procs = 1000, 3
 				r, err := RunProcs(context.Background(), Config{Driver: tg.driver, DSN: tg.dsn, Dialect: tg.dialect, Form: f,
 					Rows: rows, Concurrency: 8, Keys: 100, Table: "sxb_procs_test"}, procs, self)
 				if tg.name == "sqlite" && f == sqlxbroker.Advisory {
