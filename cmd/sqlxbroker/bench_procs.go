@@ -86,8 +86,8 @@ func benchProcs(base bench.Config, forms []sqlxbroker.Form, concs []int, procs, 
 }
 
 func printProcs(rs []*bench.ProcsResult) {
-	fmt.Printf("\n| form | procs x handlers | rows | deliveries/s | p99 ms | conns | errors | per process (deliveries/s, deliveries, CPU us/delivery) |\n")
-	fmt.Printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
+	fmt.Printf("\n| form | procs x handlers | rows | deliveries/s | p99 ms | conns | CPU us/delivery | errors | per process (deliveries/s, deliveries, CPU us/delivery) |\n")
+	fmt.Printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
 	for _, r := range rs {
 		per := ""
 		for i, p := range r.PerProcess {
@@ -96,8 +96,8 @@ func printProcs(rs []*bench.ProcsResult) {
 			}
 			per += fmt.Sprintf("%.0f, %d, %.0f", p.PerSecond, p.Deliveries, p.CPUMicros)
 		}
-		fmt.Printf("| %s | %d x %d | %d | %.0f | %.2f | %d | %d | %s |\n",
-			r.Form, r.Procs, r.Concurrency, r.Rows, r.PerSecond, r.P99Ms, r.PeakConns, r.Errors, per)
+		fmt.Printf("| %s | %d x %d | %d | %.0f | %.2f | %d | %.1f | %d | %s |\n",
+			r.Form, r.Procs, r.Concurrency, r.Rows, r.PerSecond, r.P99Ms, r.PeakConns, r.CPUMicros, r.Errors, per)
 	}
 	fmt.Println()
 	for _, r := range rs {

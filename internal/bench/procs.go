@@ -104,8 +104,9 @@ type ProcsResult struct {
 	Deliveries  int64        `json:"deliveries"`
 	Seconds     float64      `json:"seconds"`
 	PerSecond   float64      `json:"deliveries_per_sec"`
-	P99Ms       float64      `json:"p99_ms"` // the largest of the processes'
-	PeakConns   int          `json:"peak_conns"`
+	P99Ms       float64      `json:"p99_ms"`              // the largest of the processes'
+	PeakConns   int          `json:"peak_conns"`          // the processes' peaks added up
+	CPUMicros   float64      `json:"cpu_us_per_delivery"` // the workers' CPU time over all deliveries
 	Errors      int64        `json:"errors"`
 	Contention  Contention   `json:"contention"`
 	PerProcess  []ProcResult `json:"per_process"`
@@ -225,7 +226,9 @@ func RunProcs(ctx context.Context, c Config, procs int, command func() *exec.Cmd
 	r.Deliveries = total
 	probe.stop(ctx, r)
 	var begin, last int64
+	var cpu float64
 	for i, p := range r.PerProcess {
+		cpu += p.CPUMicros * float64(p.Deliveries)
 		if i == 0 || p.BeginNS < begin {
 			begin = p.BeginNS
 		}
@@ -234,6 +237,7 @@ func RunProcs(ctx context.Context, c Config, procs int, command func() *exec.Cmd
 		r.PeakConns += p.PeakConns
 		r.Errors += p.Errors
 	}
+	r.CPUMicros = cpu / float64(r.Deliveries)
 	r.Seconds = float64(last-begin) / 1e9
 	if r.Seconds > 0 {
 		r.PerSecond = float64(r.Deliveries) / r.Seconds
