@@ -648,15 +648,20 @@ func (k *contention) stop(ctx context.Context, r *ProcsResult) {
 	}
 	d := float64(r.Deliveries)
 	var after map[string]int64
+	var prev int64 = -1
 	for end := time.Now().Add(5 * time.Second); ; {
+		// PostgreSQL: the workers' sessions report their counts as they
+		// end; wait for the counts to reach the deliveries and hold still.
 		var err error
 		if after, err = k.counters(ctx); err != nil {
 			return
 		}
-		if !k.pg || after["idx_tup_read"]-k.before["idx_tup_read"] >= r.Deliveries || time.Now().After(end) {
+		read := after["idx_tup_read"] - k.before["idx_tup_read"]
+		if !k.pg || read >= r.Deliveries && read == prev || time.Now().After(end) {
 			break
 		}
-		time.Sleep(50 * time.Millisecond)
+		prev = read
+		time.Sleep(250 * time.Millisecond)
 	}
 	delta := func(name string) int64 { return after[name] - k.before[name] }
 	if k.pg {
