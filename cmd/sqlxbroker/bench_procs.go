@@ -22,11 +22,15 @@ type procsCompare struct {
 	Ratio       float64            `json:"ratio"` // Many's deliveries/s over One's
 }
 
+// benchWorkerCmd is the command of one worker process: this program in
+// bench-worker mode.
+var benchWorkerCmd = func() *exec.Cmd { return exec.Command(os.Args[0], "bench-worker") }
+
 // benchProcs runs the multi-process drains of --procs or --procs-compare
 // for every form and concurrency.
 func benchProcs(base bench.Config, forms []sqlxbroker.Form, concs []int, procs, compare int, asJSON bool) error {
 	ctx := context.Background()
-	worker := func() *exec.Cmd { return exec.Command(os.Args[0], "bench-worker") }
+	worker := benchWorkerCmd
 	run := func(f sqlxbroker.Form, k, n int) (*bench.ProcsResult, error) {
 		c := base
 		c.Form, c.Concurrency = f, k
