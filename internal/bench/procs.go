@@ -223,7 +223,9 @@ func RunProcs(ctx context.Context, c Config, procs int, command func() *exec.Cmd
 	if total < int64(c.Rows) {
 		return nil, fmt.Errorf("bench: drain stopped after %d of %d deliveries (%v)", total, c.Rows, ctx.Err())
 	}
-	r.Deliveries = total
+	for _, p := range r.PerProcess {
+		r.Deliveries += p.Deliveries
+	}
 	probe.stop(ctx, r)
 	var begin, last int64
 	var cpu float64
