@@ -78,6 +78,14 @@ type Contention struct {
 	// through them (idx_tup_fetch).
 	IndexReadPerDelivery float64 `json:"index_read_per_delivery,omitempty"`
 	HeapFetchPerDelivery float64 `json:"heap_fetch_per_delivery,omitempty"`
+	// CommitsPerDelivery: transactions committed in the database per row
+	// delivered (PostgreSQL xact_commit; MariaDB Com_commit plus the
+	// statements that commit by themselves are not told apart, so there
+	// it is Com_commit alone). Whole-database counters.
+	CommitsPerDelivery float64 `json:"commits_per_delivery,omitempty"`
+	// StatementsPerDelivery (MariaDB): SELECT, UPDATE and DELETE
+	// statements per row delivered (Com_select, Com_update, Com_delete).
+	StatementsPerDelivery map[string]float64 `json:"statements_per_delivery,omitempty"`
 	// MariaDB and MySQL: row lock waits over the drain
 	// (Innodb_row_lock_waits) and their total time (Innodb_row_lock_time,
 	// ms); per delivery, the rows the server read (Rows_read on MariaDB,
@@ -611,10 +619,15 @@ func (k *contention) counters(ctx context.Context) (map[string]int64, error) {
 			return nil, fmt.Errorf("bench: pg_stat_user_indexes: %w", err)
 		}
 		out["idx_tup_read"], out["idx_tup_fetch"] = read, fetch
+		var commits int64
+		if err := k.db.QueryRowContext(ctx, "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()").Scan(&commits); err == nil {
+			out["xact_commit"] = commits
+		}
 		return out, nil
 	}
 	rows, err := k.db.QueryContext(ctx, `SHOW GLOBAL STATUS WHERE Variable_name IN
-		('Innodb_row_lock_waits', 'Innodb_row_lock_time', 'Innodb_rows_read', 'Rows_read', 'Handler_read_key', 'Handler_read_next')`)
+		('Innodb_row_lock_waits', 'Innodb_row_lock_time', 'Innodb_rows_read', 'Rows_read', 'Handler_read_key', 'Handler_read_next',
+		 'Com_select', 'Com_update', 'Com_delete', 'Com_commit')`)
 	if err != nil {
 		return out, nil // not MariaDB or MySQL: nothing to count
 	}
@@ -669,6 +682,7 @@ func (k *contention) stop(ctx context.Context, r *ProcsResult) {
 	if k.pg {
 		co.IndexReadPerDelivery = float64(delta("idx_tup_read")) / d
 		co.HeapFetchPerDelivery = float64(delta("idx_tup_fetch")) / d
+		co.CommitsPerDelivery = float64(delta("xact_commit")) / d
 		return
 	}
 	if len(after) > 0 {
@@ -682,6 +696,11 @@ func (k *contention) stop(ctx context.Context, r *ProcsResult) {
 		co.RowsReadPerDelivery = float64(delta(rowsRead)) / d
 		co.ReadKeyPerDelivery = float64(delta("Handler_read_key")) / d
 		co.ReadNextPerDelivery = float64(delta("Handler_read_next")) / d
+		co.CommitsPerDelivery = float64(delta("Com_commit")) / d
+		co.StatementsPerDelivery = map[string]float64{}
+		for _, st := range []string{"select", "update", "delete"} {
+			co.StatementsPerDelivery[st] = float64(delta("Com_"+st)) / d
+		}
 	}
 }
 
