@@ -27,8 +27,13 @@ that do nothing (--mode drain), or publishes --rate messages per second for
 --duration and measures publish-to-handler latency (--mode steady). Each run
 also measures the database's raw commit rate over as many connections as it
 used (peak conns) and prints deliveries/s divided by commits/s. --floor
-adds, for row-lock drains, the rate of the form's own statements run in a
-tight loop without the broker: what the database allows the form.
+adds, for drains, the rate of the form's own statements run in a tight
+loop without the broker, at the same concurrency: what the database
+allows the form (row lock: claim, delete, commit per row over as many
+connections as handlers; lease: claims of half a batch and their fenced
+deletes, two at a time; advisory: candidates, keys tried and rows taken
+for half a batch, two at a time, deleted and released on one key
+session).
 
 --otel instruments the runs with package otelbroker (an OpenTelemetry SDK
 meter and tracer provider, every span sampled and dropped by a no-op
@@ -43,6 +48,16 @@ its traces would; --otel-traces=false measures the metrics alone.
 Lists in --form and --concurrency make a sweep: every form at every
 concurrency. --json prints one JSON line per run; --svg writes a chart of
 the sweep. For SQLite, --dsn may be a plain file path.
+
+--procs N drains one table with N worker processes (this program again),
+each with --concurrency handlers: the table is filled once, the workers
+start together, and the aggregate (first Subscribe to last completion in
+any process) is printed with each process's part and what the database
+showed of the claims' contention (PostgreSQL: pg_stat_activity sampled
+every 50 ms and the table's index reads per delivery; MariaDB: the
+server's InnoDB row lock waits and rows read). --procs-compare N runs one
+process with --concurrency handlers, then N processes with a share of
+them each, on the same fill size, and prints the ratio of their rates.
 
 flags:
 `
@@ -67,12 +82,14 @@ func benchCmd(args []string) error {
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the drain (or steady phase) of the last run to this file")
 	from := fs.String("from", "", "draw --svg from this file of --json lines (all of them, or those whose dialect is --driver's) instead of running")
 	title := fs.String("title", "", "the chart's title")
-	floor := fs.Bool("floor", false, "row-lock drains: also drain a table with the form's statements alone, no broker (floor/s; of floor = deliveries/s over it)")
+	floor := fs.Bool("floor", false, "drains: also drain a table with the form's statements alone, no broker (floor/s; of floor = deliveries/s over it)")
 	withOtel := fs.Bool("otel", false, "instrument the runs with otelbroker (OpenTelemetry SDK, spans dropped)")
 	compare := fs.Bool("otel-compare", false, "run each run without and with otelbroker, and print both rates and the ratio")
 	rounds := fs.Int("otel-rounds", 1, "--otel-compare: pairs of runs, alternating without and with")
 	sample := fs.Float64("otel-sample", 1, "--otel, --otel-compare: share of the deliveries whose span is recorded (1: all; 0: none, metrics only)")
 	traces := fs.Bool("otel-traces", true, "--otel, --otel-compare: a span per delivery (false: the metrics alone, a no-op tracer)")
+	procs := fs.Int("procs", 0, "drain with this many worker processes of --concurrency handlers each, on one table")
+	procsCompare := fs.Int("procs-compare", 0, "drain with 1 process of --concurrency handlers, then with this many of a share each; print the ratio")
 	_ = fs.Parse(args)
 	if *rounds < 1 {
 		return fmt.Errorf("bench: --otel-rounds %d: want at least 1", *rounds)
@@ -96,18 +113,12 @@ func benchCmd(args []string) error {
 		fs.Usage()
 		return fmt.Errorf("bench: --driver and --dsn are required")
 	}
-	d, err := sqlxbroker.Lookup(*driver)
-	if err != nil {
-		return err
-	}
 	if *driver == "sqlite" && !strings.HasPrefix(*dsn, "file:") {
 		*dsn = sqlite.DSN(*dsn)
 	}
-	if pd, ok := d.(postgres.Dialect); ok && !pd.TransactionPooling {
-		// Wake-ups on a listener of their own, as postgres.Open gives
-		// (not through a transaction-mode pooler, which cannot LISTEN).
-		pd.ListenDSN = *dsn
-		d = pd
+	d, err := benchDialect(*driver, *dsn)
+	if err != nil {
+		return err
 	}
 	fl, err := benchForms(*forms, d)
 	if err != nil {
@@ -124,6 +135,17 @@ func benchCmd(args []string) error {
 	}
 	if !*asJSON {
 		fmt.Printf("sqlxbroker bench: %s, %s, %d CPUs, %s\n", d.Name(), *mode, runtime.NumCPU(), runtime.Version())
+	}
+	if *procs > 0 || *procsCompare > 0 {
+		if *procs > 0 && *procsCompare > 0 {
+			return errors.New("bench: --procs and --procs-compare exclude each other")
+		}
+		if *mode != bench.Drain {
+			return errors.New("bench: --procs and --procs-compare run drains only (--mode drain)")
+		}
+		base := bench.Config{Driver: *driver, DSN: *dsn, Dialect: d, Rows: *rows, BatchSize: *batch, Keys: *keys,
+			Table: *table, Logf: logf, CommitDuration: -1}
+		return benchProcs(base, fl, cl, *procs, *procsCompare, *asJSON)
 	}
 	var results []bench.Result
 	var compared []string
@@ -212,6 +234,22 @@ func benchCmd(args []string) error {
 	return nil
 }
 
+// benchDialect is the dialect registered for driver; PostgreSQL's listens
+// for wake-ups on a connection of its own, as postgres.Open gives.
+func benchDialect(driver, dsn string) (core.Dialect, error) {
+	d, err := sqlxbroker.Lookup(driver)
+	if err != nil {
+		return nil, err
+	}
+	if pd, ok := d.(postgres.Dialect); ok && !pd.TransactionPooling {
+		// Wake-ups on a listener of their own, as postgres.Open gives
+		// (not through a transaction-mode pooler, which cannot LISTEN).
+		pd.ListenDSN = dsn
+		d = pd
+	}
+	return d, nil
+}
+
 // benchForms reads --form: "all" is every form d offers.
 func benchForms(s string, d core.Dialect) ([]sqlxbroker.Form, error) {
 	if s == "all" {
@@ -263,8 +301,8 @@ func printResults(rs []bench.Result) {
 	fmt.Printf("\n(commits/s: the raw commit loop over as many connections as the run's peak)\n")
 	for _, r := range rs {
 		if r.FloorPerSec > 0 {
-			fmt.Printf("%s at %d: the form's statements alone %.0f/s (%.2f of commits/s); the broker %.2f of that\n",
-				r.Form, r.Concurrency, r.FloorPerSec, r.FloorRatio, r.OfFloor)
+			fmt.Printf("%s at %d: the form's statements alone %.0f/s on %d connections (%.2f of commits/s); the broker %.2f of that\n",
+				r.Form, r.Concurrency, r.FloorPerSec, r.FloorConns, r.FloorRatio, r.OfFloor)
 		}
 	}
 }

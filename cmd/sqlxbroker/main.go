@@ -85,6 +85,8 @@ func main() {
 		err = soakWorker()
 	case "bench":
 		err = benchCmd(os.Args[2:])
+	case "bench-worker": // started by bench --procs, configured through its environment
+		err = benchWorker()
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return

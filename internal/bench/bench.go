@@ -67,8 +67,9 @@ type Config struct {
 	// negative to skip it.
 	CommitDuration time.Duration
 
-	// Floor, for a row-lock drain, also drains a table with the form's
-	// statements alone (RowLockFloor) over the commit loop's connections.
+	// Floor, for a drain, also drains a table with the form's statements
+	// alone: RowLockFloor over the commit loop's connections, LeaseFloor,
+	// AdvisoryFloor.
 	Floor bool
 
 	// Table names the table to (re)create; default "sqlxbroker_bench".
@@ -141,7 +142,8 @@ type Result struct {
 	CommitsPerSec float64 `json:"commits_per_sec,omitempty"`
 	CommitCPU     float64 `json:"cpu_us_per_commit,omitempty"` // this process's CPU per raw commit
 	Ratio         float64 `json:"ratio,omitempty"`             // PerSecond / CommitsPerSec
-	FloorPerSec   float64 `json:"floor_per_sec,omitempty"`     // the form's statements alone (RowLockFloor)
+	FloorPerSec   float64 `json:"floor_per_sec,omitempty"`     // the form's statements alone (RowLockFloor, LeaseFloor, AdvisoryFloor)
+	FloorConns    int     `json:"floor_conns,omitempty"`       // connections of the floor
 	FloorRatio    float64 `json:"floor_ratio,omitempty"`       // FloorPerSec / CommitsPerSec
 	FloorCPU      float64 `json:"cpu_us_per_floor,omitempty"`  // this process's CPU per row of the floor, the fill left out
 	OfFloor       float64 `json:"of_floor,omitempty"`          // PerSecond / FloorPerSec
@@ -282,11 +284,21 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 			r.CommitCPU = float64((cpuTime() - before).Microseconds()) / commits
 		}
 	}
-	if c.Floor && c.Form == sqlxbroker.RowLock && c.Mode == Drain {
-		conns := max(r.CommitConns, c.Concurrency)
-		c.Logf("row-lock floor: the form's statements alone over %d connections", conns)
+	if c.Floor && c.Mode == Drain {
 		var cpu time.Duration
-		if r.FloorPerSec, cpu, err = RowLockFloor(ctx, c, db, conns); err != nil {
+		switch c.Form {
+		case sqlxbroker.RowLock:
+			r.FloorConns = max(r.CommitConns, c.Concurrency)
+			c.Logf("row-lock floor: the form's statements alone over %d connections", r.FloorConns)
+			r.FloorPerSec, cpu, err = RowLockFloor(ctx, c, db, r.FloorConns)
+		case sqlxbroker.Lease:
+			c.Logf("lease floor: the form's statements alone, claims of %d rows", floorClaimSize(c))
+			r.FloorPerSec, r.FloorConns, cpu, err = LeaseFloor(ctx, c, db)
+		case sqlxbroker.Advisory:
+			c.Logf("advisory floor: the form's statements alone, claims of %d rows", floorClaimSize(c))
+			r.FloorPerSec, r.FloorConns, cpu, err = AdvisoryFloor(ctx, c, db)
+		}
+		if err != nil {
 			return nil, err
 		}
 		r.FloorCPU = float64(cpu.Microseconds()) / float64(c.Rows)

@@ -203,3 +203,56 @@ func TestRowLockFloor(t *testing.T) {
 		})
 	}
 }
+
+// TestFormFloors drains tables with the lease and advisory forms' own
+// statements on every database that offers them: every row is deleted
+// once (each floor counts them and fails otherwise), the floor keeps to
+// its connections (two claim loops; the advisory form's key session on
+// top), its table is dropped, and a run with Floor reports it beside the
+// drain.
+func TestFormFloors(t *testing.T) {
+	for _, tg := range targets(t) {
+		for _, f := range formsOf(tg) {
+			if f == sqlxbroker.RowLock {
+				continue // TestRowLockFloor
+			}
+			t.Run(tg.name+"/"+f.String(), func(t *testing.T) {
+				r, err := Run(context.Background(), Config{Driver: tg.driver, DSN: tg.dsn, Dialect: tg.dialect, Form: f,
+					Rows: 1500, Concurrency: 40, Keys: 500, CommitDuration: -1, Table: "sxb_ffloor_test", Floor: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.FloorPerSec <= 0 || r.OfFloor != r.PerSecond/r.FloorPerSec {
+					t.Errorf("floor %.0f/s, broker %.2f of it: want both set", r.FloorPerSec, r.OfFloor)
+				}
+				want := floorLoops
+				if f == sqlxbroker.Advisory {
+					want++
+				}
+				if r.FloorConns != want {
+					t.Errorf("the floor ran on %d connections, want %d", r.FloorConns, want)
+				}
+				db, err := open(Config{Driver: tg.driver, DSN: tg.dsn, Concurrency: 1})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer db.Close()
+				var n int
+				if err := db.QueryRow("SELECT count(*) FROM sxb_ffloor_test_floor").Scan(&n); err == nil {
+					t.Errorf("the floor's table is still there, with %d rows", n)
+				}
+				t.Logf("drain %.0f/s, floor %.0f/s on %d connections, the broker %.2f of the floor", r.PerSecond, r.FloorPerSec, r.FloorConns, r.OfFloor)
+			})
+		}
+	}
+}
+
+// TestFloorClaimSize: the floors claim half a batch, as the engine does
+// once half a batch of handlers is free.
+func TestFloorClaimSize(t *testing.T) {
+	for _, c := range []struct{ k, batch, want int }{{1, 0, 1}, {2, 0, 1}, {64, 0, 32}, {1000, 0, 500}, {1000, 100, 50}, {8, 100, 4}} {
+		if got := floorClaimSize(Config{Concurrency: c.k, BatchSize: c.batch}); got != c.want {
+			t.Errorf("concurrency %d, batch %d: claims of %d, want %d", c.k, c.batch, got, c.want)
+		}
+	}
+}
