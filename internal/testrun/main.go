@@ -1,22 +1,21 @@
-// Command testrun is the repository's test command (README.md gives it):
+// Command testrun reads go test -json and reports on it; README.md's test
+// command pipes the tests into it:
 //
-//	go run ./internal/testrun -race -count=1 -p 1 -timeout 15m ./...
+//	go test -json -race -count=1 -p 1 -timeout 15m ./... | go run ./internal/testrun
 //
-// It runs go test with its arguments and -json, prints what go test prints
-// (a line per package; the whole output of a package that fails), and ends
-// with which databases the tests really ran against and which they skipped
-// and why, from the marks the tests log (internal/testreport). It exits
-// with go test's status.
+// It prints what go test prints (a line per package; the whole output of a
+// package that fails), and ends with which databases the tests really ran
+// against and which they skipped and why, from the marks the tests log
+// (internal/testreport). It exits 1 when a package failed or nothing was
+// read (run it with pipefail to keep go test's own status as well).
 package main
 
 import (
 	"bufio"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"sort"
 	"strings"
 
@@ -34,28 +33,16 @@ type event struct {
 }
 
 func main() {
-	cmd := exec.Command("go", append([]string{"test", "-json"}, os.Args[1:]...)...)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "testrun:", err)
-		os.Exit(2)
-	}
-	if err := cmd.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, "testrun:", err)
-		os.Exit(2)
-	}
 	r := newReport(os.Stdout)
-	r.read(out)
-	err = cmd.Wait()
+	r.read(os.Stdin)
 	r.summary()
-	var exit *exec.ExitError
 	switch {
-	case errors.As(err, &exit):
-		os.Exit(exit.ExitCode())
-	case err != nil:
-		fmt.Fprintln(os.Stderr, "testrun:", err)
-		os.Exit(2)
+	case r.events == 0:
+		fmt.Fprintln(os.Stderr, "testrun: read no go test -json events on standard input")
+		os.Exit(1)
+	case len(r.failed) > 0:
+		fmt.Fprintf(os.Stderr, "testrun: %d package(s) failed: %s\n", len(r.failed), strings.Join(keys(r.failed), ", "))
+		os.Exit(1)
 	}
 }
 
@@ -64,6 +51,8 @@ type report struct {
 	w      io.Writer
 	output map[string][]string // package: its output so far
 	dbs    map[string]*database
+	events int             // test2json events read
+	failed map[string]bool // packages that failed
 }
 
 // database is what the marks said of one database.
@@ -75,7 +64,7 @@ type database struct {
 }
 
 func newReport(w io.Writer) *report {
-	return &report{w: w, output: map[string][]string{}, dbs: map[string]*database{}}
+	return &report{w: w, output: map[string][]string{}, dbs: map[string]*database{}, failed: map[string]bool{}}
 }
 
 func (r *report) read(in io.Reader) {
@@ -92,6 +81,7 @@ func (r *report) read(in io.Reader) {
 }
 
 func (r *report) event(e event) {
+	r.events++
 	switch e.Action {
 	case "build-output":
 		fmt.Fprint(r.w, e.Output)
@@ -105,6 +95,7 @@ func (r *report) event(e event) {
 		lines := r.output[e.Package]
 		delete(r.output, e.Package)
 		if e.Action == "fail" {
+			r.failed[short(e.Package)] = true
 			for _, l := range lines {
 				fmt.Fprint(r.w, l)
 			}
