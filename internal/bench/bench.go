@@ -478,6 +478,35 @@ func quiet() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 }
 
+// probe is a drain's handler, which does nothing, and its OnOutcome
+// part: it times one delivery in sample, handler start to completion, and
+// counts the successes.
+type probe struct {
+	lat    hist
+	starts sync.Map // *sqlxbroker.Delivery -> time.Time
+	seq    atomic.Int64
+	done   atomic.Int64
+}
+
+func (pb *probe) handle(ctx context.Context, d *sqlxbroker.Delivery) error {
+	if pb.seq.Add(1)%sample == 0 {
+		pb.starts.Store(d, time.Now())
+	}
+	return nil
+}
+
+// outcome records one completion and returns the successes so far, or 0
+// for a completion that was not one.
+func (pb *probe) outcome(d *sqlxbroker.Delivery, o sqlxbroker.Outcome, err error) int64 {
+	if v, ok := pb.starts.LoadAndDelete(d); ok {
+		pb.lat.Record(time.Since(v.(time.Time)))
+	}
+	if err != nil || o.Kind != sqlxbroker.Succeeded {
+		return 0
+	}
+	return pb.done.Add(1)
+}
+
 // sample: a drain times one delivery in sample, so that timing costs the
 // run little.
 const sample = 8
@@ -498,28 +527,17 @@ func drain(ctx context.Context, c Config, b *sqlxbroker.Broker, t sqlxbroker.Tab
 	defer db.Close()
 	sb := sqlxbroker.OpenDialect(db, c.Dialect)
 
-	var lat hist
-	var starts sync.Map // *sqlxbroker.Delivery -> time.Time, for one delivery in sample
-	var seq atomic.Int64
-	var done atomic.Int64
+	var pb probe
 	finished := make(chan struct{})
 	n := int64(c.Rows)
-	h := func(ctx context.Context, d *sqlxbroker.Delivery) error {
-		if seq.Add(1)%sample == 0 {
-			starts.Store(d, time.Now())
-		}
-		return nil
-	}
 	p := sqlxbroker.SubscribeParams{Concurrency: c.Concurrency, BatchSize: c.BatchSize, Logger: quiet(),
 		PollInterval: 100 * time.Millisecond,
 		OnOutcome: func(d *sqlxbroker.Delivery, o sqlxbroker.Outcome, err error) {
-			if v, ok := starts.LoadAndDelete(d); ok {
-				lat.Record(time.Since(v.(time.Time)))
-			}
-			if err == nil && o.Kind == sqlxbroker.Succeeded && done.Add(1) == n {
+			if pb.outcome(d, o, err) == n {
 				close(finished)
 			}
 		}}
+	h := sqlxbroker.Handler(pb.handle)
 	h, p = c.wrap(t, h, p)
 	c.Logf("draining with concurrency %d", c.Concurrency)
 	w := startWatch(db, c.Profile)
@@ -540,11 +558,11 @@ func drain(ctx context.Context, c Config, b *sqlxbroker.Broker, t sqlxbroker.Tab
 	}
 	_ = s.Stop(context.Background())
 	w.end(r)
-	fillResult(r, s.Stats(), &lat)
+	fillResult(r, s.Stats(), &pb.lat)
 	if last.IsZero() {
-		return fmt.Errorf("bench: drain stopped after %d of %d deliveries (%v)", done.Load(), n, ctx.Err())
+		return fmt.Errorf("bench: drain stopped after %d of %d deliveries (%v)", pb.done.Load(), n, ctx.Err())
 	}
-	r.Deliveries = done.Load()
+	r.Deliveries = pb.done.Load()
 	r.Seconds = last.Sub(begin).Seconds()
 	r.PerSecond = float64(r.Deliveries) / r.Seconds
 	w.perDelivery(r)

@@ -468,23 +468,13 @@ func worker(ctx context.Context, c Config, index int, in io.Reader, emit func(wo
 	}
 	sb := sqlxbroker.OpenDialect(db, c.Dialect)
 	t := Table(c.Table, c.Form)
-	var lat hist
-	var starts sync.Map
-	var seq, done, lastNS atomic.Int64
-	h := func(ctx context.Context, d *sqlxbroker.Delivery) error {
-		if seq.Add(1)%sample == 0 {
-			starts.Store(d, time.Now())
-		}
-		return nil
-	}
+	var pb probe
+	var lastNS atomic.Int64
+	h := sqlxbroker.Handler(pb.handle)
 	p := sqlxbroker.SubscribeParams{Concurrency: c.Concurrency, BatchSize: c.BatchSize, Logger: quiet(),
 		PollInterval: 100 * time.Millisecond,
 		OnOutcome: func(d *sqlxbroker.Delivery, o sqlxbroker.Outcome, err error) {
-			if v, ok := starts.LoadAndDelete(d); ok {
-				lat.Record(time.Since(v.(time.Time)))
-			}
-			if err == nil && o.Kind == sqlxbroker.Succeeded {
-				done.Add(1)
+			if pb.outcome(d, o, err) > 0 {
 				lastNS.Store(time.Now().UnixNano())
 			}
 		}}
@@ -503,7 +493,7 @@ loop:
 	for {
 		select {
 		case <-tick.C:
-			if n := done.Load(); n != told {
+			if n := pb.done.Load(); n != told {
 				told = n
 				emit(workerLine{Done: n})
 			}
@@ -516,8 +506,8 @@ loop:
 	stopErr := s.Stop(context.Background())
 	var r Result
 	w.end(&r)
-	fillResult(&r, s.Stats(), &lat)
-	r.Deliveries = done.Load()
+	fillResult(&r, s.Stats(), &pb.lat)
+	r.Deliveries = pb.done.Load()
 	w.perDelivery(&r)
 	pr := &ProcResult{Index: index, Pid: os.Getpid(), Deliveries: r.Deliveries, BeginNS: begin.UnixNano(), LastNS: lastNS.Load(),
 		P50Ms: r.P50Ms, P99Ms: r.P99Ms, PeakConns: r.PeakConns, PeakRSSMB: r.PeakRSSMB, CPUMicros: r.CPUMicros, Errors: r.Errors}
