@@ -89,6 +89,14 @@ func benchCmd(args []string) error {
 	sample := fs.Float64("otel-sample", 1, "--otel, --otel-compare: share of the deliveries whose span is recorded (1: all; 0: none, metrics only)")
 	traces := fs.Bool("otel-traces", true, "--otel, --otel-compare: a span per delivery (false: the metrics alone, a no-op tracer)")
 	procs := fs.Int("procs", 0, "drain with this many worker processes of --concurrency handlers each, on one table")
+	interval := fs.Duration("interval", 0, "steady: sample the run every interval (deliveries/s, latency, the table's dead rows and size, memory) and compare its first and last five minutes")
+	backlog := fs.Int("backlog", 0, "steady: fill this many older rows first; they drain while the steady messages are published")
+	prioritized := fs.Bool("prioritized", false, "steady: order the table \"prio DESC, id\" and publish the steady messages ahead of the backlog")
+	doneAt := fs.Bool("done-at", false, "a DoneAt table: successes are marked done instead of deleted")
+	pruneEvery := fs.Duration("prune-every", 0, "steady, --done-at: prune done rows (Broker.Prune) this often")
+	pruneAge := fs.Duration("prune-age", 10*time.Second, "steady, --prune-every: prune rows done longer ago than this")
+	holdTx := fs.Bool("hold-tx", false, "steady: keep a transaction open for the whole run, holding back the server's cleanup of dead rows")
+	label := fs.String("label", "", "the run's name in charts over time (default: dialect and form)")
 	procsCompare := fs.Int("procs-compare", 0, "drain with 1 process of --concurrency handlers, then with this many of a share each; print the ratio")
 	_ = fs.Parse(args)
 	if *rounds < 1 {
@@ -157,7 +165,8 @@ func benchCmd(args []string) error {
 			c := bench.Config{Driver: *driver, DSN: *dsn, Dialect: d, Form: f,
 				Mode: *mode, Rows: *rows, Concurrency: k, BatchSize: *batch, Keys: *keys, Rate: *rate,
 				Duration: *dur, CommitDuration: *commit, Table: *table, Logf: logf, Profile: profile, Floor: *floor,
-				Traced: *withOtel || *compare}
+				Traced: *withOtel || *compare, Interval: *interval, Backlog: *backlog, Prioritized: *prioritized,
+				DoneAt: *doneAt, PruneEvery: *pruneEvery, PruneAge: *pruneAge, HoldTx: *holdTx, Label: *label}
 			var base, with []bench.Result
 			for round := range *rounds {
 				if !*compare && round > 0 {
@@ -207,6 +216,7 @@ func benchCmd(args []string) error {
 	}
 	if !*asJSON {
 		printResults(results)
+		printWindows(results)
 	}
 	for _, l := range compared {
 		if *asJSON {
@@ -223,7 +233,7 @@ func benchCmd(args []string) error {
 		if *title == "" {
 			*title = fmt.Sprintf("sqlxbroker %s: %s, %d rows", *mode, d.Name(), *rows)
 		}
-		if err := bench.WriteSVG(out, *title, results); err != nil {
+		if err := writeChart(out, *title, results); err != nil {
 			out.Close()
 			return err
 		}
@@ -345,9 +355,54 @@ func chartFrom(path, driver, svg, title string) error {
 	if title == "" {
 		title = "sqlxbroker bench"
 	}
-	if err := bench.WriteSVG(out, title, rs); err != nil {
+	if err := writeChart(out, title, rs); err != nil {
 		out.Close()
 		return err
 	}
 	return out.Close()
+}
+
+// writeChart draws runs sampled over time as panels over time, other runs
+// as a sweep over concurrency.
+func writeChart(w io.Writer, title string, rs []bench.Result) error {
+	for _, r := range rs {
+		if len(r.Samples) > 0 {
+			return bench.WriteTimeSVG(w, title, rs)
+		}
+	}
+	return bench.WriteSVG(w, title, rs)
+}
+
+// printWindows prints, for sampled steady runs, the first and last five
+// minutes side by side and their ratios.
+func printWindows(rs []bench.Result) {
+	for _, r := range rs {
+		if r.First == nil || r.Last == nil {
+			continue
+		}
+		f, l := r.First, r.Last
+		fmt.Printf("\n%s %s, %d handlers: first %.0f-%.0f s against last %.0f-%.0f s\n", r.Dialect, r.Form, r.Concurrency, f.From, f.To, l.From, l.To)
+		fmt.Printf("| window | deliveries/s | p50 ms | p99 ms | dead rows (max) | table MB (max) | heap MB (max) | RSS MB (max) |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+		for _, x := range []struct {
+			name string
+			w    *bench.Window
+		}{{"first", f}, {"last", l}} {
+			fmt.Printf("| %s | %.0f | %.2f | %.2f | %d | %.1f | %.1f | %.1f |\n", x.name, x.w.PerSecond, x.w.P50Ms, x.w.P99Ms, x.w.DeadRows, x.w.TableMB, x.w.HeapMB, x.w.RSSMB)
+		}
+		fmt.Printf("last/first: deliveries/s %.3f, p99 %.3f, RSS %.3f", ratio(l.PerSecond, f.PerSecond), ratio(l.P99Ms, f.P99Ms), ratio(l.RSSMB, f.RSSMB))
+		if r.BacklogRows > 0 {
+			fmt.Printf("; backlog of %d drained %.1f s into the run", r.BacklogRows, r.BacklogDrained)
+		}
+		if r.Pruned > 0 {
+			fmt.Printf("; %d rows pruned", r.Pruned)
+		}
+		fmt.Println()
+	}
+}
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
 }

@@ -20,6 +20,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -62,6 +63,34 @@ type Config struct {
 	Rate int
 	// Duration is how long the steady mode publishes; default 10s.
 	Duration time.Duration
+	// Interval, in steady mode, samples the run every interval
+	// (Result.Samples): the window's deliveries and latency, the table's
+	// size and dead rows, the process's memory; 0: no samples.
+	Interval time.Duration
+	// Backlog, in steady mode, fills the table with this many older rows
+	// before publishing starts; they drain while the steady messages are
+	// published, and only the steady messages' latency is measured.
+	Backlog int
+	// Prioritized orders the table "prio DESC, id" and publishes the
+	// steady messages at a higher prio than the backlog, so they are
+	// claimed ahead of it (as an application keeps live work ahead of a
+	// bulk load); without it a steady message waits behind the backlog.
+	Prioritized bool
+	// DoneAt gives the table a DoneAt column: a success marks the row
+	// done instead of deleting it. PruneEvery > 0 then runs Broker.Prune
+	// of the rows done longer ago than PruneAge (default 10s) every
+	// PruneEvery, as an application prunes with the operations API.
+	DoneAt     bool
+	PruneEvery time.Duration
+	PruneAge   time.Duration
+	// Label names the run in Result.Label (charts over time).
+	Label string
+	// HoldTx, in steady mode, keeps a transaction open on its own
+	// connection for the whole steady phase (PostgreSQL: one with a
+	// transaction id; MariaDB: a consistent snapshot), holding back the
+	// server's cleanup of dead row versions, as a forgotten transaction
+	// of an application would.
+	HoldTx bool
 
 	// CommitDuration is how long the raw commit loop runs; default 3s,
 	// negative to skip it.
@@ -150,6 +179,18 @@ type Result struct {
 	Errors        int64   `json:"errors"`                      // claim and completion errors, lost leases
 	Traced        bool    `json:"traced,omitempty"`            // the table had ReadyAt and Metadata columns (Config.Traced)
 	Adapter       string  `json:"adapter,omitempty"`           // the adapter that instrumented the run (Config.Adapter)
+
+	Label string `json:"label,omitempty"` // Config.Label
+	// Steady mode with Config.Interval: one sample per interval, and the
+	// first and last five minutes (or fifths of the run, if shorter).
+	Samples []Sample `json:"samples,omitempty"`
+	First   *Window  `json:"first,omitempty"`
+	Last    *Window  `json:"last,omitempty"`
+	// Steady mode with Config.Backlog: the backlog's rows and when the
+	// last of them was handled (seconds from the steady phase's start).
+	BacklogRows    int     `json:"backlog_rows,omitempty"`
+	BacklogDrained float64 `json:"backlog_drained_s,omitempty"`
+	Pruned         int64   `json:"pruned,omitempty"` // rows Broker.Prune deleted (Config.PruneEvery)
 }
 
 func (c *Config) defaults() error {
@@ -177,6 +218,18 @@ func (c *Config) defaults() error {
 	}
 	if c.Rows < 0 || c.Concurrency < 0 || c.BatchSize < 0 || c.Keys < 0 || c.Rate < 0 || c.Duration < 0 {
 		return errors.New("bench: negative rows, concurrency, batch size, keys, rate or duration")
+	}
+	if c.Interval < 0 || c.Backlog < 0 || c.PruneEvery < 0 || c.PruneAge < 0 {
+		return errors.New("bench: negative interval, backlog, prune interval or prune age")
+	}
+	if c.Mode != Steady && (c.Interval > 0 || c.Backlog > 0 || c.HoldTx || c.PruneEvery > 0) {
+		return errors.New("bench: interval, backlog, prune and held transaction are for the steady mode")
+	}
+	if c.PruneEvery > 0 && !c.DoneAt {
+		return errors.New("bench: pruning needs the DoneAt table (done-at)")
+	}
+	if c.PruneAge == 0 {
+		c.PruneAge = 10 * time.Second
 	}
 	if c.Rows == 0 {
 		c.Rows = 10_000
@@ -240,12 +293,20 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 	if c.Traced {
 		t.ReadyAt, t.Metadata = "ready_at", "meta"
 	}
-	if err := recreate(ctx, b, t); err != nil {
+	cols := payload
+	if c.Prioritized {
+		t.Order = "prio DESC, id"
+		cols = append(slices.Clip(cols), [2]string{"prio", "bigint"})
+	}
+	if c.DoneAt {
+		t.DoneAt = "done_at"
+	}
+	if err := recreateWith(ctx, b, t, cols); err != nil {
 		return nil, err
 	}
 	defer drop(b, t.Name)
 	r := &Result{Dialect: c.Dialect.Name(), Server: serverVersion(ctx, db), Form: c.Form.String(), Mode: c.Mode,
-		Concurrency: c.Concurrency, BatchSize: c.BatchSize, Traced: c.Traced}
+		Concurrency: c.Concurrency, BatchSize: c.BatchSize, Traced: c.Traced, Label: c.Label}
 	if c.Adapter != nil {
 		r.Adapter = c.Adapter.Name
 		if c.Adapter.Broker != nil {
@@ -327,8 +388,13 @@ func open(c Config) (*sqlx.DB, error) {
 }
 
 func recreate(ctx context.Context, b *sqlxbroker.Broker, t sqlxbroker.Table) error {
+	return recreateWith(ctx, b, t, payload)
+}
+
+// recreateWith drops t and creates it with the payload columns cols.
+func recreateWith(ctx context.Context, b *sqlxbroker.Broker, t sqlxbroker.Table, cols [][2]string) error {
 	drop(b, t.Name)
-	if err := b.CreateTable(ctx, t, payload...); err != nil {
+	if err := b.CreateTable(ctx, t, cols...); err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
 	return nil
@@ -356,14 +422,28 @@ func serverVersion(ctx context.Context, db *sqlx.DB) string {
 // set to now and its key among c.Keys; each transaction in the adapter's
 // publish context.
 func fill(ctx context.Context, c *Config, b *sqlxbroker.Broker, t sqlxbroker.Table) error {
-	n, keys := c.Rows, c.Keys
+	return fillRows(ctx, c, b, t, c.Rows, true)
+}
+
+// fillRows publishes n rows in transactions of 10,000, their pub_ns the
+// time of their transaction (stamped) or 0 (a steady run's backlog, whose
+// latency is not measured).
+func fillRows(ctx context.Context, c *Config, b *sqlxbroker.Broker, t sqlxbroker.Table, n int, stamped bool) error {
+	keys := c.Keys
 	const chunk = 10_000
 	msgs := make([]any, 0, chunk)
 	for start := 0; start < n; start += chunk {
 		msgs = msgs[:0]
-		now := time.Now().UnixNano()
+		var now int64
+		if stamped {
+			now = time.Now().UnixNano()
+		}
 		for i := start; i < min(start+chunk, n); i++ {
-			msgs = append(msgs, message{Acct: strconv.Itoa(i % keys), PubNS: now})
+			if c.Prioritized {
+				msgs = append(msgs, steadyMessage{Acct: strconv.Itoa(i % keys), PubNS: now})
+			} else {
+				msgs = append(msgs, message{Acct: strconv.Itoa(i % keys), PubNS: now})
+			}
 		}
 		tx, err := b.DB().BeginTxx(ctx, nil)
 		if err != nil {
@@ -573,77 +653,6 @@ func fillResult(r *Result, st sqlxbroker.Stats, lat *hist) {
 	r.Errors = st.ClaimErrors + st.CompleteErrors + st.LeaseLost
 	r.P50Ms = lat.Quantile(0.50).Seconds() * 1000
 	r.P99Ms = lat.Quantile(0.99).Seconds() * 1000
-}
-
-// steady publishes one message at a time at c.Rate per second for
-// c.Duration from a second broker (its own pool, as another process would
-// publish) and measures publish-to-handler latency.
-func steady(ctx context.Context, c Config, b *sqlxbroker.Broker, t sqlxbroker.Table, r *Result) error {
-	db, err := open(c)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	sb := sqlxbroker.OpenDialect(db, c.Dialect)
-	var lat hist
-	var got atomic.Int64
-	h := func(ctx context.Context, d *sqlxbroker.Delivery) error {
-		var m message
-		if err := d.Scan(&m); err != nil {
-			return err
-		}
-		lat.Record(time.Since(time.Unix(0, m.PubNS)))
-		got.Add(1)
-		return nil
-	}
-	p := sqlxbroker.SubscribeParams{Concurrency: c.Concurrency, BatchSize: c.BatchSize, Logger: quiet()}
-	h, p = c.wrap(t, h, p)
-	w := startWatch(db, c.Profile)
-	s, err := sb.Subscribe(ctx, t, h, p)
-	if err != nil {
-		w.end(r)
-		return err
-	}
-	defer s.Stop(context.Background())
-	c.Logf("publishing %d/s for %v", c.Rate, c.Duration)
-	every := time.Second / time.Duration(c.Rate)
-	begin := time.Now()
-	var sent int64
-	for i := 0; ; i++ {
-		next := begin.Add(time.Duration(i) * every)
-		if next.Sub(begin) >= c.Duration {
-			break
-		}
-		if d := time.Until(next); d > 0 {
-			time.Sleep(d)
-		}
-		m := message{Acct: strconv.Itoa(i % c.Keys), PubNS: time.Now().UnixNano()}
-		pctx, end := c.publishCtx(ctx)
-		err := b.Publish(pctx, b.DB(), t, m)
-		end()
-		if err != nil {
-			w.end(r)
-			return fmt.Errorf("bench: publish: %w", err)
-		}
-		sent++
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for got.Load() < sent && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	elapsed := time.Since(begin)
-	_ = s.Stop(context.Background())
-	w.end(r)
-	fillResult(r, s.Stats(), &lat)
-	r.Rows = int(sent)
-	r.Deliveries = got.Load()
-	w.perDelivery(r)
-	r.Seconds = elapsed.Seconds()
-	r.PerSecond = float64(r.Deliveries) / r.Seconds
-	if r.Deliveries < sent {
-		return fmt.Errorf("bench: %d of %d published messages were not delivered within 30s", sent-r.Deliveries, sent)
-	}
-	return nil
 }
 
 // CommitRate measures the database's raw commit rate: conns connections
