@@ -188,11 +188,11 @@ func (b *Broker) Subscribe(ctx context.Context, t Table, h Handler, p SubscribeP
 	}
 	b.subs[s] = struct{}{}
 	b.mu.Unlock()
-	b.local.Add(t.Name, s.wake)
+	b.local.Add(t.Name, s.wakeIn)
 	go func() {
 		<-s.Done()
 		stopListen()
-		b.local.Remove(t.Name, s.wake)
+		b.local.Remove(t.Name, s.wakeIn)
 		b.mu.Lock()
 		delete(b.subs, s)
 		b.mu.Unlock()

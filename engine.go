@@ -157,6 +157,8 @@ type Subscription struct {
 	dry        atomic.Bool    // the last claim found fewer rows than asked
 
 	wake       chan struct{}
+	wakeIn     chan struct{}  // where wake-ups arrive: wake, or the forwarder's (rescan)
+	rescan     core.Rescanner // the form's, when its claims must rescan on a wake-up
 	freed      chan struct{}
 	unreserved chan struct{} // a claim gave back handlers it reserved
 	idleMu     sync.Mutex
@@ -201,6 +203,14 @@ func subscribe(ctx context.Context, form core.ClaimForm, t Table, h Handler, p S
 	}
 	s.claimCtx, s.stopClaims = context.WithCancel(context.Background())
 	s.hardCtx, s.hardCancel = context.WithCancel(context.Background())
+	s.wakeIn = s.wake
+	if s.rescan = core.RescannerOf(form); s.rescan != nil {
+		// Every wake-up, busy or idle, goes through forwardWakes, which
+		// tells the form before it wakes the claim loop.
+		s.wakeIn = make(chan struct{}, 1)
+		go s.forwardWakes(s.wakeIn, s.p.Wake)
+		s.p.Wake = nil
+	}
 	for i := range s.claimers {
 		s.loops.Add(1)
 		go s.loop(i == 0)
@@ -217,7 +227,26 @@ func subscribe(ctx context.Context, form core.ClaimForm, t Table, h Handler, p S
 }
 
 // Wake makes an idle subscription claim at once.
-func (s *Subscription) Wake() { wake.Signal(s.wake) }
+func (s *Subscription) Wake() { wake.Signal(s.wakeIn) }
+
+// forwardWakes passes the wake-ups of in and ext on to the claim loop, each
+// after telling the form (core.Rescanner), until claims stop.
+func (s *Subscription) forwardWakes(in, ext <-chan struct{}) {
+	for {
+		select {
+		case <-in:
+		case _, ok := <-ext:
+			if !ok {
+				ext = nil
+				continue
+			}
+		case <-s.claimCtx.Done():
+			return
+		}
+		s.rescan.Rescan()
+		wake.Signal(s.wake)
+	}
+}
 
 // Done is closed once the subscription has stopped.
 func (s *Subscription) Done() <-chan struct{} { return s.done }

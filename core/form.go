@@ -122,6 +122,38 @@ type Traits struct {
 	ClaimsAtOnce int
 }
 
+// Rescanner is an optional capability of a ClaimForm whose claims start
+// past the rows it claimed last (a claim cursor) in a claim order where a
+// row published now may sort before that cursor: an order other than the
+// ID alone (a priority first, say), so the cursor would leave it until the
+// form's next periodic scan from the first row.
+//
+// The engine calls Rescan on each wake-up (a publish to the table seen in
+// the process or through the dialect's Waker), whether it is busy or idle;
+// the form's next claim then reads from the first row of the claim order.
+// Rescan must be cheap and must not block. A form whose cursor cannot miss
+// a new row (ID order) does not implement it, and its wake-ups cost
+// nothing more. RescannerOf finds it.
+type Rescanner interface {
+	Rescan()
+}
+
+// RescannerOf returns f's Rescanner, looking through wrappers that have
+// an Unwrap() ClaimForm method; nil when it has none.
+func RescannerOf(f ClaimForm) Rescanner {
+	for f != nil {
+		if r, ok := f.(Rescanner); ok {
+			return r
+		}
+		u, ok := f.(interface{ Unwrap() ClaimForm })
+		if !ok {
+			return nil
+		}
+		f = u.Unwrap()
+	}
+	return nil
+}
+
 // ClaimForm is a claim form bound to one table and one database.
 type ClaimForm interface {
 	Traits() Traits

@@ -3,8 +3,16 @@ package forms_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/sqlxbroker/sqlxbroker/conformance/provision"
+	_ "github.com/sqlxbroker/sqlxbroker/dialects/mysql"
+	_ "github.com/sqlxbroker/sqlxbroker/dialects/postgres"
+	"github.com/sqlxbroker/sqlxbroker/dialects/sqlite"
 
 	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/conformance"
@@ -60,4 +68,191 @@ func TestClaimCursor(t *testing.T) {
 	if cs, err := f.Claim(ctx, 1); err != nil || len(cs) != 0 {
 		t.Fatalf("claim with every row held: %d claims, %v", len(cs), err)
 	}
+}
+
+// TestRescanOnWake: in a table ordered by more than its ID, a row
+// published with a higher priority sorts before the claim cursor. A
+// wake-up (core.Rescanner) makes the next claim scan from the first row,
+// so it is claimed next, and leaves the cursor where it was: the claim
+// after it goes on from the cursor. A table ordered by its ID has no
+// Rescanner.
+func TestRescanOnWake(t *testing.T) {
+	t.Cleanup(func() { forms.SetFullScanEvery(100 * time.Millisecond) })
+	forms.SetFullScanEvery(time.Hour)
+	ctx := context.Background()
+	for _, c := range prioTables(t, "fx_rescan") {
+		t.Run(c.name, func(t *testing.T) {
+			db, b, tb := c.db, c.b, c.tb
+			for range 5 {
+				if err := b.Publish(ctx, db, tb, map[string]any{"account": "a", "prio": 0}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f := conformance.StartForm(t, b, tb)
+			r := core.RescannerOf(f)
+			if r == nil {
+				t.Fatal("no Rescanner for a table ordered by prio")
+			}
+			var held []core.Claim
+			t.Cleanup(func() {
+				for _, c := range held {
+					_ = conformance.Complete(ctx, c, sqlxbroker.Outcome{Kind: sqlxbroker.Released})
+				}
+			})
+			claim := func(want string) {
+				t.Helper()
+				cs, err := f.Claim(ctx, 1)
+				if err != nil || len(cs) != 1 {
+					t.Fatalf("claim: %d claims, %v; want row %s", len(cs), err, want)
+				}
+				held = append(held, cs[0])
+				if got := fmt.Sprint(sqlxbroker.NewDelivery(cs[0]).ID()); got != want {
+					t.Fatalf("claimed row %s, want %s", got, want)
+				}
+			}
+			claim("1")
+			claim("2")
+			if err := b.Publish(ctx, db, tb, map[string]any{"account": "a", "prio": 1}); err != nil {
+				t.Fatal(err)
+			}
+			claim("3") // from the cursor: row 6 sorts before it
+			r.Rescan()
+			claim("6") // the wake-up's full scan
+			claim("4") // the cursor stayed at row 3
+		})
+	}
+	_, b, tb := leaseTable(t, time.Minute)
+	if r := core.RescannerOf(conformance.StartForm(t, b, tb)); r != nil {
+		t.Errorf("a table ordered by its ID has a Rescanner %T", r)
+	}
+}
+
+// TestPriorityJumpsBacklog: a subscription to a table ordered by priority,
+// busy with a backlog, claims a row published with a higher priority next
+// (the publish's in-process wake-up makes its next claim a full scan),
+// not after the backlog: the periodic full scan is set to an hour here.
+func TestPriorityJumpsBacklog(t *testing.T) {
+	t.Cleanup(func() { forms.SetFullScanEvery(100 * time.Millisecond) })
+	forms.SetFullScanEvery(time.Hour)
+	ctx := context.Background()
+	for _, c := range prioTables(t, "fx_jump") {
+		t.Run(c.name, func(t *testing.T) {
+			db, b, tb := c.db, c.b, c.tb
+			const backlog = 50
+			for range backlog {
+				if err := b.Publish(ctx, db, tb, map[string]any{"account": "backlog", "prio": 0}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			order := make(chan string, backlog+1)
+			first := make(chan struct{})
+			release := make(chan struct{})
+			var once bool
+			s, err := b.Subscribe(ctx, tb, func(_ context.Context, d *sqlxbroker.Delivery) error {
+				var m struct {
+					Account string `db:"account"`
+				}
+				if err := d.Scan(&m); err != nil {
+					return err
+				}
+				order <- m.Account
+				if !once { // the first delivery holds the only handler
+					once = true
+					close(first)
+					<-release
+				}
+				return nil
+			}, sqlxbroker.SubscribeParams{Concurrency: 1, PollInterval: time.Hour})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Stop(ctx)
+			<-first
+			if err := b.Publish(ctx, db, tb, map[string]any{"account": "urgent", "prio": 1}); err != nil {
+				t.Fatal(err)
+			}
+			close(release)
+			deadline := time.After(30 * time.Second)
+			for i := 1; i <= backlog+1; i++ {
+				select {
+				case a := <-order:
+					if a == "urgent" {
+						// The wake-up reaches the form through a goroutine
+						// of its own: a claim or two may start before it.
+						if i > 4 {
+							t.Fatalf("the urgent row was delivery %d of %d, want one of the first 4", i, backlog+1)
+						}
+						return
+					}
+				case <-deadline:
+					t.Fatalf("%d deliveries in 30 s, the urgent row not among them", i-1)
+				}
+			}
+			t.Fatal("the urgent row was not delivered")
+		})
+	}
+}
+
+// prioTable is a table ordered "prio DESC, id" on one database, in one
+// form.
+type prioTable struct {
+	name string
+	db   *sqlx.DB
+	b    *sqlxbroker.Broker
+	tb   sqlxbroker.Table
+}
+
+// prioTables makes a table named name, ordered by priority, for each form
+// of SQLite (a new file) and of the servers the environment names
+// (provision's rules: a skip that names the variable, a failure under
+// SQLXBROKER_REQUIRE_DB=1).
+func prioTables(t *testing.T, name string) []prioTable {
+	t.Helper()
+	dbs := map[string]*sqlx.DB{}
+	db, err := sqlite.Open(filepath.Join(t.TempDir(), "jobs.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dbs["sqlite"] = db
+	for _, s := range []struct {
+		name, driver string
+		p            provision.Database
+	}{{"postgres", "postgres", provision.Postgres}, {"mysql", "mysql", provision.MariaDB}} {
+		if os.Getenv(s.p.Env) == "" && os.Getenv(provision.Require) != "1" {
+			continue
+		}
+		db, err := sqlx.Open(s.driver, s.p.Get(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		dbs[s.name] = db
+	}
+	var out []prioTable
+	for _, dbName := range []string{"sqlite", "postgres", "mysql"} {
+		db := dbs[dbName]
+		if db == nil {
+			continue
+		}
+		t.Cleanup(func() { db.Close() })
+		b, err := sqlxbroker.Open(db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tb := range []sqlxbroker.Table{
+			{Name: name + "_lease", LockedUntil: "locked_until", Lease: time.Minute, Order: "prio DESC, id"},
+			{Name: name + "_rowlock", Order: "prio DESC, id"},
+		} {
+			if !core.CapabilitiesOf(b.Dialect()).Offers(tb.Form()) {
+				continue
+			}
+			q := b.Dialect().QuoteIdent(tb.Name)
+			_, _ = db.Exec("DROP TABLE IF EXISTS " + q)
+			if err := b.CreateTable(context.Background(), tb, [2]string{"account", "text"}, [2]string{"prio", "bigint"}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _, _ = db.Exec("DROP TABLE IF EXISTS " + q) })
+			out = append(out, prioTable{name: dbName + "/" + tb.Form().String(), db: db, b: b, tb: tb})
+		}
+	}
+	return out
 }

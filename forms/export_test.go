@@ -13,7 +13,7 @@ func SetFullScanEvery(d time.Duration) { fullScanEvery = d }
 // EndKeySession ends the session that holds an advisory form's keys, as a
 // failed statement on it does.
 func EndKeySession(f core.ClaimForm) {
-	if u, ok := f.(interface{ Unwrap() core.ClaimForm }); ok {
+	for u, ok := f.(interface{ Unwrap() core.ClaimForm }); ok; u, ok = f.(interface{ Unwrap() core.ClaimForm }) {
 		f = u.Unwrap()
 	}
 	a := f.(*advisory)
@@ -26,7 +26,7 @@ func EndKeySession(f core.ClaimForm) {
 
 // SetClock makes a lease form read the time from clock.
 func SetClock(f core.ClaimForm, clock func() time.Time) {
-	if u, ok := f.(interface{ Unwrap() core.ClaimForm }); ok {
+	for u, ok := f.(interface{ Unwrap() core.ClaimForm }); ok; u, ok = f.(interface{ Unwrap() core.ClaimForm }) {
 		f = u.Unwrap()
 	}
 	f.(*lease).clock = clock

@@ -28,15 +28,32 @@ import (
 // made p, so the dialect offers the form.
 func New(pool *core.Pool, p *core.Plan) core.ClaimForm {
 	b := base{pool: pool, db: pool.DB, plan: p, scan: &cursor{}}
+	var f core.ClaimForm
 	switch p.Form {
 	case core.RowLock:
-		return newRowLock(b)
+		f = newRowLock(b)
 	case core.Lease:
-		return newLease(b)
+		f = newLease(b)
 	default:
-		return newAdvisory(b)
+		f = newAdvisory(b)
 	}
+	if p.OrderIsID() {
+		return f
+	}
+	return &rescanning{ClaimForm: f, scan: b.scan}
 }
+
+// rescanning is a form whose table is ordered by more than its ID: a row
+// published with a higher place in the order (a priority) sorts before
+// the claim cursor, so each wake-up starts the next claim from the first
+// row (core.Rescanner) rather than leaving the row to the next full scan.
+type rescanning struct {
+	core.ClaimForm
+	scan *cursor
+}
+
+func (f *rescanning) Rescan()                { f.scan.rescanNext() }
+func (f *rescanning) Unwrap() core.ClaimForm { return f.ClaimForm }
 
 // base holds what every form shares.
 type base struct {
@@ -62,27 +79,37 @@ var fullScanEvery = 100 * time.Millisecond
 // one every fullScanEvery, and whenever a scan from the cursor finds
 // nothing. At a low claim rate every claim is a full scan.
 type cursor struct {
-	mu   sync.Mutex
-	at   []any     // the order values of the last row claimed; nil: none
-	full time.Time // when the last full scan started
+	mu     sync.Mutex
+	at     []any     // the order values of the last row claimed; nil: none
+	full   time.Time // when the last full scan started
+	rescan bool      // the next claim scans from the first row (rescanNext)
 }
 
 // from returns the condition and args that start a claim at the cursor
 // (over alias), or "" for a full scan, which it then counts as started.
 // retry asks for a full scan: the claim from the cursor found nothing.
-func (c *cursor) from(p *core.Plan, alias string, retry bool) (string, []any) {
+// keep reports a full scan made for a rescan (a wake-up of a table whose
+// new rows may sort before the cursor): the rows it finds are mostly
+// those just published, ahead of the rest in the order, so the claim
+// leaves the cursor where it is (advance not called) rather than moving
+// it back before every row the cursor has passed.
+func (c *cursor) from(p *core.Plan, alias string, retry bool) (cond string, args []any, keep bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := time.Now()
 	if retry {
 		c.at = nil
 	}
-	if c.at == nil || now.Sub(c.full) >= fullScanEvery {
-		c.full = now
-		return "", nil
+	if c.rescan && c.at != nil {
+		c.rescan = false
+		return "", nil, true
 	}
-	cond, args := p.From(alias, c.at, false)
-	return " AND " + cond, args
+	if c.at == nil || now.Sub(c.full) >= fullScanEvery {
+		c.full, c.rescan = now, false
+		return "", nil, false
+	}
+	cond, args = p.From(alias, c.at, false)
+	return " AND " + cond, args, false
 }
 
 // advance moves the cursor to the order values v (Plan.OrderValues) of a
@@ -112,6 +139,14 @@ func orderPosition(v []any) []any {
 		}
 	}
 	return out
+}
+
+// rescanNext makes the next claim that starts a full scan, whatever
+// claims in flight then advance the cursor to.
+func (c *cursor) rescanNext() {
+	c.mu.Lock()
+	c.rescan = true
+	c.mu.Unlock()
 }
 
 // reset makes the next claim a full scan.

@@ -112,12 +112,13 @@ func (f *lease) claimOn(ctx context.Context, q sqlx.ExtContext, tx *sqlx.Tx, now
 		args = append(args, ids...)
 	}
 	var rows []row
+	keep := false
 	for retry := false; ; retry = true {
 		// Outside FIFO tables, from the cursor first (see cursor); when
 		// that finds nothing, from the start.
 		from, fromArgs := "", []any(nil)
 		if p.QGroup == "" {
-			from, fromArgs = f.scan.from(p, p.Alias, retry)
+			from, fromArgs, keep = f.scan.from(p, p.Alias, retry)
 		}
 		rs, err := p.Caps.Leaser.ClaimLeases(ctx, q, &core.LeaseClaimParams{Plan: p, Where: where + from, Args: append(args, fromArgs...), Limit: max, Deadline: p.Time(deadline)})
 		if err == nil {
@@ -139,7 +140,7 @@ func (f *lease) claimOn(ctx context.Context, q sqlx.ExtContext, tx *sqlx.Tx, now
 	if len(rows) == 0 {
 		return nil, nil
 	}
-	if p.QGroup == "" && len(rows) == max {
+	if p.QGroup == "" && len(rows) == max && !keep {
 		f.scan.advance(p.OrderValues(rows[len(rows)-1].get))
 	}
 	ds := make([]core.Row, len(rows))

@@ -136,6 +136,13 @@ func leaseTable(t *testing.T, lease time.Duration) (*sqlx.DB, *sqlxbroker.Broker
 // sqliteTable creates tb, with an account column, in a new SQLite file.
 func sqliteTable(t *testing.T, tb sqlxbroker.Table) (*sqlx.DB, *sqlxbroker.Broker, sqlxbroker.Table) {
 	t.Helper()
+	return sqliteTableWith(t, tb, [2]string{"account", "text"})
+}
+
+// sqliteTableWith creates tb with the payload columns cols in a new
+// SQLite file.
+func sqliteTableWith(t *testing.T, tb sqlxbroker.Table, cols ...[2]string) (*sqlx.DB, *sqlxbroker.Broker, sqlxbroker.Table) {
+	t.Helper()
 	db, err := sqlite.Open(filepath.Join(t.TempDir(), "jobs.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -145,7 +152,7 @@ func sqliteTable(t *testing.T, tb sqlxbroker.Table) (*sqlx.DB, *sqlxbroker.Broke
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.CreateTable(context.Background(), tb, [2]string{"account", "text"}); err != nil {
+	if err := b.CreateTable(context.Background(), tb, cols...); err != nil {
 		t.Fatal(err)
 	}
 	return db, b, tb

@@ -309,15 +309,18 @@ func (f *rowLock) claimIn(ctx context.Context, t *claimTx) (core.Claim, error) {
 		rows, err = f.claimHead(ctx, t.tx, where, args)
 	} else {
 		// From the cursor first; when that finds nothing, from the start.
+		keep := false
 		for retry := false; ; retry = true {
-			from, fromArgs := f.scan.from(p, p.Alias, retry)
+			var from string
+			var fromArgs []any
+			from, fromArgs, keep = f.scan.from(p, p.Alias, retry)
 			rows, err = f.query(ctx, t, p.Rebind("SELECT * FROM "+p.QTable+" "+p.Alias+" WHERE "+where+from+
 				" ORDER BY "+p.OrderBy(p.Alias)+" LIMIT 1 "+f.skip), append(args, fromArgs...))
 			if err != nil || len(rows) > 0 || from == "" {
 				break
 			}
 		}
-		if len(rows) > 0 {
+		if len(rows) > 0 && !keep {
 			f.scan.advance(p.OrderValues(rows[0].get))
 		}
 	}
