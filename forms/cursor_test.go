@@ -118,7 +118,9 @@ func TestRescanOnWake(t *testing.T) {
 			claim("3") // from the cursor: row 6 sorts before it
 			r.Rescan()
 			claim("6") // the wake-up's full scan
-			claim("4") // the cursor stayed at row 3
+			claim("4") // the cursor stayed at row 3; row 6 came before it,
+			// so this claim rescanned too, and finds row 4 first
+			claim("5")
 		})
 	}
 	_, b, tb := leaseTable(t, time.Minute)

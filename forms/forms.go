@@ -11,6 +11,7 @@
 package forms
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -91,8 +92,9 @@ type cursor struct {
 // keep reports a full scan made for a rescan (a wake-up of a table whose
 // new rows may sort before the cursor): the rows it finds are mostly
 // those just published, ahead of the rest in the order, so the claim
-// leaves the cursor where it is (advance not called) rather than moving
-// it back before every row the cursor has passed.
+// reports its last row with rescanned instead of advance, which leaves
+// the cursor where it is rather than moving it back before every row the
+// cursor has passed.
 func (c *cursor) from(p *core.Plan, alias string, retry bool) (cond string, args []any, keep bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -101,7 +103,9 @@ func (c *cursor) from(p *core.Plan, alias string, retry bool) (cond string, args
 		c.at = nil
 	}
 	if c.rescan && c.at != nil {
-		c.rescan = false
+		// Every claim rescans until one finds nothing more before the
+		// cursor (rescanned): claims run at once, and a burst of
+		// publishes can stand behind one wake-up.
 		return "", nil, true
 	}
 	if c.at == nil || now.Sub(c.full) >= fullScanEvery {
@@ -139,6 +143,88 @@ func orderPosition(v []any) []any {
 		}
 	}
 	return out
+}
+
+// rescanned is told the position v (Plan.OrderValues) of the last row a
+// rescan's claim took (nil: it took none), and whether that claim took as
+// many rows as it asked for. A full claim whose last row comes before the
+// cursor may have left more rows published before it (a wake-up can stand
+// for several publishes), so claims go on rescanning. Otherwise the rescan
+// ends, and a row at or after the cursor moves the cursor there, as any
+// claim does.
+func (c *cursor) rescanned(p *core.Plan, v []any, full bool) {
+	if v != nil {
+		v = orderPosition(v)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case v == nil:
+		c.rescan = false
+	case c.at == nil:
+		c.at, c.rescan = v, false
+	case before(p, v, c.at):
+		c.rescan = c.rescan && full
+	default:
+		c.at, c.rescan = v, false
+	}
+}
+
+// before reports whether position v comes strictly before w in p's claim
+// order; false when a pair of values cannot be compared (the next
+// periodic full scan then finds what a rescan did not).
+func before(p *core.Plan, v, w []any) bool {
+	for i, k := range p.OrderKeys {
+		c, ok := compareValues(v[i], w[i])
+		if !ok {
+			return false
+		}
+		if k.Desc {
+			c = -c
+		}
+		if c != 0 {
+			return c < 0
+		}
+	}
+	return false
+}
+
+// compareValues orders two values of one order column as a driver returns
+// them: integers, floats, times, strings (bytes as strings; digits as
+// numbers, as MySQL's text protocol sends them).
+func compareValues(a, b any) (int, bool) {
+	num := func(x any) (float64, bool) {
+		switch n := x.(type) {
+		case int64:
+			return float64(n), true
+		case int32:
+			return float64(n), true
+		case int:
+			return float64(n), true
+		case float64:
+			return n, true
+		case string:
+			f, err := strconv.ParseFloat(n, 64)
+			return f, err == nil
+		}
+		return 0, false
+	}
+	if x, ok := num(a); ok {
+		if y, ok := num(b); ok {
+			return cmp.Compare(x, y), true
+		}
+	}
+	switch x := a.(type) {
+	case time.Time:
+		if y, ok := b.(time.Time); ok {
+			return x.Compare(y), true
+		}
+	case string:
+		if y, ok := b.(string); ok {
+			return strings.Compare(x, y), true
+		}
+	}
+	return 0, false
 }
 
 // rescanNext makes the next claim that starts a full scan, whatever

@@ -138,9 +138,14 @@ func (f *lease) claimOn(ctx context.Context, q sqlx.ExtContext, tx *sqlx.Tx, now
 		}
 	}
 	if len(rows) == 0 {
+		if keep {
+			f.scan.rescanned(p, nil, false)
+		}
 		return nil, nil
 	}
-	if p.QGroup == "" && len(rows) == max && !keep {
+	if p.QGroup == "" && keep {
+		f.scan.rescanned(p, p.OrderValues(rows[len(rows)-1].get), len(rows) == max)
+	} else if p.QGroup == "" && len(rows) == max {
 		f.scan.advance(p.OrderValues(rows[len(rows)-1].get))
 	}
 	ds := make([]core.Row, len(rows))

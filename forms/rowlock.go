@@ -320,7 +320,12 @@ func (f *rowLock) claimIn(ctx context.Context, t *claimTx) (core.Claim, error) {
 				break
 			}
 		}
-		if len(rows) > 0 && !keep {
+		switch {
+		case keep && err == nil && len(rows) == 0:
+			f.scan.rescanned(p, nil, false)
+		case keep && len(rows) > 0:
+			f.scan.rescanned(p, p.OrderValues(rows[0].get), true)
+		case len(rows) > 0:
 			f.scan.advance(p.OrderValues(rows[0].get))
 		}
 	}
