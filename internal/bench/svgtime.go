@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strconv"
 	"strings"
 )
 
@@ -82,8 +83,10 @@ func WriteTimeSVG(w io.Writer, title string, results []Result) error {
 			fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", left-6, y+4, human(f*maxY))
 		}
 		fmt.Fprintf(&b, `<rect x="%d" y="%.1f" width="%.0f" height="%d" fill="none" stroke="#444"/>`+"\n", left, y0, plotW, panelH)
-		for t := 0.0; t <= maxT+1e-9; t += tickStep(maxT) {
-			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%g</text>`+"\n", px(t), y0+panelH+14, t)
+		step := tickStep(maxT)
+		for i := 0; float64(i)*step <= maxT+1e-9; i++ {
+			t := float64(i) * step
+			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%s</text>`+"\n", px(t), y0+panelH+14, strconv.FormatFloat(t, 'g', 4, 64))
 		}
 		for i, r := range runs {
 			var pts []string
