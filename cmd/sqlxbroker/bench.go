@@ -96,6 +96,8 @@ func benchCmd(args []string) error {
 	pruneEvery := fs.Duration("prune-every", 0, "steady, --done-at: prune done rows (Broker.Prune) this often")
 	pruneAge := fs.Duration("prune-age", 10*time.Second, "steady, --prune-every: prune rows done longer ago than this")
 	holdTx := fs.Bool("hold-tx", false, "steady: keep a transaction open for the whole run, holding back the server's cleanup of dead rows")
+	var setup multiFlag
+	fs.Var(&setup, "setup", "a statement to run once the table is created ({table}: its quoted name), e.g. per-table autovacuum settings; repeatable")
 	label := fs.String("label", "", "the run's name in charts over time (default: dialect and form)")
 	procsCompare := fs.Int("procs-compare", 0, "drain with 1 process of --concurrency handlers, then with this many of a share each; print the ratio")
 	_ = fs.Parse(args)
@@ -166,7 +168,7 @@ func benchCmd(args []string) error {
 				Mode: *mode, Rows: *rows, Concurrency: k, BatchSize: *batch, Keys: *keys, Rate: *rate,
 				Duration: *dur, CommitDuration: *commit, Table: *table, Logf: logf, Profile: profile, Floor: *floor,
 				Traced: *withOtel || *compare, Interval: *interval, Backlog: *backlog, Prioritized: *prioritized,
-				DoneAt: *doneAt, PruneEvery: *pruneEvery, PruneAge: *pruneAge, HoldTx: *holdTx, Label: *label}
+				DoneAt: *doneAt, PruneEvery: *pruneEvery, PruneAge: *pruneAge, HoldTx: *holdTx, Label: *label, Setup: setup}
 			var base, with []bench.Result
 			for round := range *rounds {
 				if !*compare && round > 0 {
@@ -406,3 +408,9 @@ func ratio(a, b float64) float64 {
 	}
 	return a / b
 }
+
+// multiFlag is a flag that may be given several times.
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, "; ") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }

@@ -83,6 +83,11 @@ type Config struct {
 	DoneAt     bool
 	PruneEvery time.Duration
 	PruneAge   time.Duration
+	// Setup are statements run once the table is created, "{table}"
+	// standing for its quoted name: per-table storage settings such as
+	// PostgreSQL's "ALTER TABLE {table} SET (autovacuum_vacuum_scale_factor
+	// = 0, autovacuum_vacuum_threshold = 10000)".
+	Setup []string
 	// Label names the run in Result.Label (charts over time).
 	Label string
 	// HoldTx, in steady mode, keeps a transaction open on its own
@@ -180,7 +185,8 @@ type Result struct {
 	Traced        bool    `json:"traced,omitempty"`            // the table had ReadyAt and Metadata columns (Config.Traced)
 	Adapter       string  `json:"adapter,omitempty"`           // the adapter that instrumented the run (Config.Adapter)
 
-	Label string `json:"label,omitempty"` // Config.Label
+	Label string   `json:"label,omitempty"` // Config.Label
+	Setup []string `json:"setup,omitempty"` // Config.Setup
 	// Steady mode with Config.Interval: one sample per interval, and the
 	// first and last five minutes (or fifths of the run, if shorter).
 	Samples []Sample `json:"samples,omitempty"`
@@ -304,9 +310,16 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 	if err := recreateWith(ctx, b, t, cols); err != nil {
 		return nil, err
 	}
+	for _, q := range c.Setup {
+		q = strings.ReplaceAll(q, "{table}", c.Dialect.QuoteIdent(t.Name))
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			drop(b, t.Name)
+			return nil, fmt.Errorf("bench: setup %q: %w", q, err)
+		}
+	}
 	defer drop(b, t.Name)
 	r := &Result{Dialect: c.Dialect.Name(), Server: serverVersion(ctx, db), Form: c.Form.String(), Mode: c.Mode,
-		Concurrency: c.Concurrency, BatchSize: c.BatchSize, Traced: c.Traced, Label: c.Label}
+		Concurrency: c.Concurrency, BatchSize: c.BatchSize, Traced: c.Traced, Label: c.Label, Setup: c.Setup}
 	if c.Adapter != nil {
 		r.Adapter = c.Adapter.Name
 		if c.Adapter.Broker != nil {
