@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The runs behind docs/performance.md's sections on latency under load and
+# on long runs, against the local servers. Each writes one JSON line per
+# run to $OUT/long.jsonl (default /var/tmp/sqlxbroker-bench) and its
+# progress to $OUT/long.log; `sqlxbroker bench --from $OUT/long.jsonl --svg
+# F` draws the sampled runs over time.
+#
+#   bash scripts/bench-long.sh latency   # PostgreSQL, every form: 1,000/s
+#                                        # while 100,000 older rows drain
+#   bash scripts/bench-long.sh pair1     # 30 min each, at once: PostgreSQL
+#                                        # lease (rows deleted) and MariaDB lease
+#   bash scripts/bench-long.sh pair2     # 30 min each, at once: PostgreSQL
+#                                        # DoneAt table pruned, and PostgreSQL
+#                                        # lease with a transaction held open
+#                                        # (in a database of its own, so it
+#                                        # holds back that database only)
+#
+# DURATION (default 30m), INTERVAL (10s), CONC (64), PG_RATE and MY_RATE
+# (messages/s; half the steady capacity measured as docs/performance.md
+# says) override the defaults. DSNs as scripts/bench-sweep.sh sets them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+what=${1:?usage: bench-long.sh latency|pair1|pair2}
+OUT=${OUT:-/var/tmp/sqlxbroker-bench}
+DURATION=${DURATION:-30m}
+INTERVAL=${INTERVAL:-10s}
+CONC=${CONC:-64}
+PG_RATE=${PG_RATE:-6000}
+MY_RATE=${MY_RATE:-3000}
+mkdir -p "$OUT"
+PG=${SQLXBROKER_POSTGRES_DSN:-postgres://root@127.0.0.1:5432/test?sslmode=disable}
+MY=${SQLXBROKER_MYSQL_DSN:-root@tcp(127.0.0.1:3306)/test}
+case "$PG" in *\?*) PG="$PG&binary_parameters=yes" ;; *) PG="$PG?binary_parameters=yes" ;; esac
+case "$MY" in *\?*) MY="$MY&interpolateParams=true&tx_isolation=%27READ-COMMITTED%27" ;; *) MY="$MY?interpolateParams=true&tx_isolation=%27READ-COMMITTED%27" ;; esac
+# The held transaction's database: the PostgreSQL DSN's, renamed.
+HOLD_DB=sqlxbroker_hold
+PG_HOLD=$(printf '%s' "$PG" | sed -E "s#/[A-Za-z0-9_]+(\?|$)#/$HOLD_DB\1#")
+
+bin="$OUT/sqlxbroker"
+go build -o "$bin" ./cmd/sqlxbroker
+log="$OUT/long.log"
+jsonl="$OUT/long.jsonl"
+steady() { "$bin" bench --mode steady --json --commit-duration -1s --interval "$INTERVAL" "$@" >>"$jsonl" 2>>"$log"; }
+# both waits for the runs started in the background and fails if one did.
+both() {
+	local rc=0 pid
+	for pid in $(jobs -p); do wait "$pid" || rc=1; done
+	return $rc
+}
+
+case "$what" in
+latency)
+	for f in lease:100 advisory:100 row-lock:32; do
+		steady --driver postgres --dsn "$PG" --form "${f%:*}" --concurrency "${f#*:}" --rate 1000 \
+			--duration 15s --interval 1s --backlog 100000 --prioritized --table sxb_latency \
+			--label "latency ${f%:*} ${f#*:} handlers, 100,000 backlog, prioritized"
+	done
+	;;
+pair1)
+	steady --driver postgres --dsn "$PG" --form lease --concurrency "$CONC" --rate "$PG_RATE" --duration "$DURATION" \
+		--table sxb_long_pg --label "PostgreSQL lease, rows deleted, $PG_RATE/s" &
+	steady --driver mysql --dsn "$MY" --form lease --concurrency "$CONC" --rate "$MY_RATE" --duration "$DURATION" \
+		--table sxb_long_my --label "MariaDB lease, rows deleted, $MY_RATE/s" &
+	both
+	;;
+pair2)
+	psql "${PG%%\?*}" -Atc "SELECT 1 FROM pg_database WHERE datname = '$HOLD_DB'" | grep -q 1 ||
+		psql "${PG%%\?*}" -c "CREATE DATABASE $HOLD_DB" >/dev/null
+	steady --driver postgres --dsn "$PG" --form lease --concurrency "$CONC" --rate "$PG_RATE" --duration "$DURATION" \
+		--done-at --prune-every 10s --prune-age 10s --table sxb_long_done \
+		--label "PostgreSQL lease, DoneAt pruned every 10 s, $PG_RATE/s" &
+	steady --driver postgres --dsn "$PG_HOLD" --form lease --concurrency "$CONC" --rate "$PG_RATE" --duration "$DURATION" \
+		--hold-tx --table sxb_long_hold --label "PostgreSQL lease, rows deleted, a transaction held open, $PG_RATE/s" &
+	both
+	;;
+*)
+	echo "bench-long.sh: unknown run $what (latency, pair1 or pair2)" >&2
+	exit 2
+	;;
+esac
+echo "runs appended to $jsonl"
