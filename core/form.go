@@ -130,8 +130,10 @@ type Traits struct {
 //
 // The engine calls Rescan on each wake-up (a publish to the table seen in
 // the process or through the dialect's Waker), whether it is busy or idle;
-// the form's next claim then reads from the first row of the claim order.
-// Rescan must be cheap and must not block. A form whose cursor cannot miss
+// the form's claims then read from the first row of the claim order until
+// one has taken every row published before the cursor (a wake-up may stand
+// for several publishes), and leave the cursor where it was. Rescan must
+// be cheap and must not block. A form whose cursor cannot miss
 // a new row (ID order) does not implement it, and its wake-ups cost
 // nothing more. RescannerOf finds it.
 type Rescanner interface {
