@@ -38,9 +38,13 @@ type Sample struct {
 	DeadRows int64   `json:"dead_rows"`
 	TableMB  float64 `json:"table_mb"`
 	Vacuums  int64   `json:"vacuums,omitempty"` // PostgreSQL: (auto)vacuums of the table so far
-	HeapMB   float64 `json:"heap_mb"`           // this process's Go heap in use
-	RSSMB    float64 `json:"rss_mb"`            // this process's resident set
-	Pruned   int64   `json:"pruned,omitempty"`  // rows pruned so far (Config.PruneEvery)
+	// HOTShare is PostgreSQL's share of the table's row updates so far
+	// that were heap-only (n_tup_hot_upd / n_tup_upd): claims and
+	// renewals that found room on their page and wrote no index entry.
+	HOTShare float64 `json:"hot_share,omitempty"`
+	HeapMB   float64 `json:"heap_mb"`          // this process's Go heap in use
+	RSSMB    float64 `json:"rss_mb"`           // this process's resident set
+	Pruned   int64   `json:"pruned,omitempty"` // rows pruned so far (Config.PruneEvery)
 }
 
 // Window is what a steady run measured over a span of its samples.
@@ -179,12 +183,12 @@ func steady(ctx context.Context, c Config, b *sqlxbroker.Broker, t sqlxbroker.Ta
 				if c.Backlog > 0 {
 					s.Backlog = int64(c.Backlog) - backlogGot.Load()
 				}
-				s.LiveRows, s.DeadRows, s.TableMB, s.Vacuums = st.read(ctx)
+				s.LiveRows, s.DeadRows, s.TableMB, s.Vacuums, s.HOTShare = st.read(ctx)
 				s.HeapMB, s.RSSMB = memory()
 				samples = append(samples, s)
 				snaps = append(snaps, snap)
-				c.Logf("%6.0fs  %8.0f/s  p50 %6.2f ms  p99 %7.2f ms  behind %6d  backlog %7d  live %9d  dead %9d  %8.1f MB  heap %6.1f MB  rss %6.1f MB  pruned %d",
-					s.At, s.PerSecond, s.P50Ms, s.P99Ms, s.Behind, s.Backlog, s.LiveRows, s.DeadRows, s.TableMB, s.HeapMB, s.RSSMB, s.Pruned)
+				c.Logf("%6.0fs  %8.0f/s  p50 %6.2f ms  p99 %7.2f ms  behind %6d  backlog %7d  live %9d  dead %9d  %8.1f MB  vacuums %d  hot %.2f  heap %6.1f MB  rss %6.1f MB  pruned %d",
+					s.At, s.PerSecond, s.P50Ms, s.P99Ms, s.Behind, s.Backlog, s.LiveRows, s.DeadRows, s.TableMB, s.Vacuums, s.HOTShare, s.HeapMB, s.RSSMB, s.Pruned)
 			}
 		}()
 	}
@@ -371,16 +375,18 @@ func newServerStats(ctx context.Context, db *sqlx.DB, table string) *serverStats
 	return s
 }
 
-// table returns the table's live and dead rows, its size in MB and its
-// vacuums so far; -1 (and 0 MB) where the server tells nothing.
-func (s *serverStats) read(ctx context.Context) (live, dead int64, mb float64, vacuums int64) {
+// read returns the table's live and dead rows, its size in MB, its
+// vacuums so far and the share of its updates that were heap-only; -1
+// (and 0 MB) where the server tells nothing.
+func (s *serverStats) read(ctx context.Context) (live, dead int64, mb float64, vacuums int64, hot float64) {
 	live, dead = -1, -1
 	var bytes sql.NullInt64
 	switch s.kind {
 	case "postgres":
 		_ = s.db.QueryRowContext(ctx, `SELECT n_live_tup, n_dead_tup, pg_total_relation_size(relid),
-  coalesce(autovacuum_count, 0) + coalesce(vacuum_count, 0)
-FROM pg_stat_user_tables WHERE relname = $1`, s.table).Scan(&live, &dead, &bytes, &vacuums)
+  coalesce(autovacuum_count, 0) + coalesce(vacuum_count, 0),
+  CASE WHEN n_tup_upd > 0 THEN n_tup_hot_upd::float8 / n_tup_upd ELSE 0 END
+FROM pg_stat_user_tables WHERE relname = $1`, s.table).Scan(&live, &dead, &bytes, &vacuums, &hot)
 	case "mysql":
 		var rows sql.NullInt64
 		_ = s.db.QueryRowContext(ctx, `SELECT table_rows, data_length + index_length FROM information_schema.tables
@@ -390,7 +396,7 @@ WHERE table_schema = DATABASE() AND table_name = ?`, s.table).Scan(&rows, &bytes
 		}
 		_ = s.db.QueryRowContext(ctx, `SELECT count FROM information_schema.innodb_metrics WHERE name = 'trx_rseg_history_len'`).Scan(&dead)
 	}
-	return live, dead, float64(bytes.Int64) / (1 << 20), vacuums
+	return live, dead, float64(bytes.Int64) / (1 << 20), vacuums, hot
 }
 
 // hold begins a transaction that holds back the server's cleanup of dead
