@@ -197,6 +197,16 @@ func benchCmd(args []string) error {
 						r, err = bench.Run(context.Background(), base)
 					}
 					if err != nil {
+						if r != nil { // a steady run that fell behind: what it measured
+							results = append(results, *r)
+							if *asJSON {
+								line, _ := json.Marshal(r)
+								fmt.Println(string(line))
+							} else {
+								printResults(results)
+								printWindows(results)
+							}
+						}
 						return fmt.Errorf("bench %s concurrency %d: %w", f, k, err)
 					}
 					results = append(results, *r)

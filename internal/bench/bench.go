@@ -284,7 +284,20 @@ type message struct {
 	PubNS int64  `db:"pub_ns"`
 }
 
-// Run runs one benchmark.
+// UndeliveredError is a steady run's messages (or backlog rows) not
+// handled within 30 s of the last publish: the load was more than the
+// subscription kept up with. Run returns it with the run's Result.
+type UndeliveredError struct {
+	What        string // "published messages" or "backlog rows"
+	Left, Total int64
+}
+
+func (e *UndeliveredError) Error() string {
+	return fmt.Sprintf("bench: %d of %d %s were not delivered within 30s", e.Left, e.Total, e.What)
+}
+
+// Run runs one benchmark. A steady run that fell behind returns its
+// Result with an *UndeliveredError.
 func Run(ctx context.Context, c Config) (*Result, error) {
 	if err := c.defaults(); err != nil {
 		return nil, err
@@ -332,6 +345,10 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 		err = drain(ctx, c, b, t, r)
 	case Steady:
 		err = steady(ctx, c, b, t, r)
+		var late *UndeliveredError
+		if errors.As(err, &late) {
+			return r, err // what was measured, for the record
+		}
 	}
 	if err != nil {
 		return nil, err

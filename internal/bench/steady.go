@@ -258,10 +258,10 @@ func steady(ctx context.Context, c Config, b *sqlxbroker.Broker, t sqlxbroker.Ta
 	r.Samples = samples
 	r.First, r.Last = windows(samples, snaps, published.Seconds())
 	if r.Deliveries < int64(r.Rows) {
-		return fmt.Errorf("bench: %d of %d published messages were not delivered within 30s", int64(r.Rows)-r.Deliveries, r.Rows)
+		return &UndeliveredError{What: "published messages", Left: int64(r.Rows) - r.Deliveries, Total: int64(r.Rows)}
 	}
 	if n := backlogGot.Load(); n < int64(c.Backlog) {
-		return fmt.Errorf("bench: %d of %d backlog rows were not delivered within 30s of the end", int64(c.Backlog)-n, c.Backlog)
+		return &UndeliveredError{What: "backlog rows", Left: int64(c.Backlog) - n, Total: int64(c.Backlog)}
 	}
 	return nil
 }
