@@ -51,7 +51,9 @@ func TestSteadySampled(t *testing.T) {
 			if r.Pruned == 0 {
 				t.Error("nothing pruned")
 			}
-			if r.First == nil || r.Last == nil || r.First.PerSecond <= 0 || r.Last.PerSecond <= 0 || r.Last.From < r.First.To {
+			// (SQLite has no wake-ups between pools: its subscription polls,
+			// so a window may see no delivery.)
+			if r.First == nil || r.Last == nil || r.Last.From < r.First.To || r.First.PerSecond+r.Last.PerSecond <= 0 {
 				t.Errorf("windows %+v and %+v: want two disjoint windows with deliveries", r.First, r.Last)
 			}
 			var svg bytes.Buffer
