@@ -86,15 +86,59 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 		cols += ", " + p.Alias + "." + k
 	}
 	// The rows of this form's own deliveries are still claimable (their
-	// keys are what hold them) and come first: look past them too.
+	// keys are what hold them) and mostly lie behind the cursor (see
+	// cursor), where the last claims found rows: a claim reads from there
+	// first. A full scan (periodic, or when nothing is ahead of the
+	// cursor) starts at the first row and looks past them too.
 	f.mu.Lock()
-	limit := max*candidates + len(f.held)
+	held := len(f.held)
 	f.mu.Unlock()
-	page := fmt.Sprintf("SELECT %s FROM %s %s WHERE %s%%s ORDER BY %s LIMIT %d", cols, p.QTable, p.Alias, where, p.OrderBy(p.Alias), limit)
 	var out []core.Claim
 	tried := map[string]bool{}
+	for retry := false; ; retry = true {
+		from, fromArgs := "", []any(nil)
+		if p.QGroup == "" {
+			from, fromArgs = f.scan.from(p, p.Alias, retry)
+		}
+		// Ahead of the cursor, most rows are claimable: the first page
+		// reads a little more than is wanted, the next pages (past rows
+		// whose keys are held) more.
+		first, limit := max+max/candidates+1, max*candidates
+		if from == "" {
+			first += held
+		}
+		got, end, err := f.claimFrom(ctx, cols, where+from, append(append([]any{}, args...), fromArgs...), first, limit, max-len(out), tried)
+		out = append(out, got...)
+		if err != nil {
+			return out, err
+		}
+		if from == "" || len(out) == max || !end {
+			break
+		}
+		// Fewer rows ahead of the cursor than asked: the next claim scans
+		// from the start, and this one at once if it took none.
+		if len(got) > 0 {
+			f.scan.reset()
+			break
+		}
+	}
+	return out, nil
+}
+
+// claimFrom is one scan of Claim: pages of candidates over where (the
+// first of up to first rows, the others of up to limit), until max claims
+// are taken; end reports that the scan reached the last ready row. The
+// cursor moves past each wave of candidates as its keys are tried, so a
+// claim running meanwhile starts after them.
+func (f *advisory) claimFrom(ctx context.Context, cols, where string, args []any, first, limit, max int, tried map[string]bool) (out []core.Claim, end bool, err error) {
+	p := f.plan
 	var after []any // the order values the next page starts after
 	for n := 0; n < pages && len(out) < max && ctx.Err() == nil; n++ {
+		size := limit
+		if n == 0 {
+			size = first
+		}
+		page := fmt.Sprintf("SELECT %s FROM %s %s WHERE %s%%s ORDER BY %s LIMIT %d", cols, p.QTable, p.Alias, where, p.OrderBy(p.Alias), size)
 		q, a := fmt.Sprintf(page, ""), args
 		if after != nil {
 			cond, ca := p.From(p.Alias, after, true)
@@ -102,11 +146,11 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 		}
 		rs, err := f.db.QueryxContext(ctx, p.Rebind(q), a...)
 		if err != nil {
-			return out, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table, err)
+			return out, false, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table, err)
 		}
 		cands, err := readRows(rs)
 		if err != nil {
-			return out, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table, err)
+			return out, false, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table, err)
 		}
 		// Lock the keys of as many candidates as are wanted on the key
 		// session, a wave of them in one statement; then take their rows
@@ -129,6 +173,8 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 				if len(wave) == 0 {
 					break
 				}
+				// The next claim starts after this wave's rows, not among them.
+				f.scan.advance(p.OrderValues(cands[i-1].get))
 				var got []*advisoryClaim
 				got, err = f.tryLocks(ctx, wave)
 				locked = append(locked, got...)
@@ -136,20 +182,20 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 			taken, terr := f.takeAll(ctx, locked)
 			out = append(out, taken...)
 			if err = errors.Join(err, terr); err != nil {
-				return out, err
+				return out, false, err
 			}
 			if len(locked) == 0 {
 				break
 			}
 		}
-		if len(cands) < limit {
-			break
+		if len(cands) < size {
+			return out, true, nil
 		}
 		if after = orderPosition(p.OrderValues(cands[len(cands)-1].get)); after == nil {
 			break // a NULL order value: no page can start after it
 		}
 	}
-	return out, nil
+	return out, false, nil
 }
 
 // takeAll takes the rows of claims whose keys are locked: it counts each
