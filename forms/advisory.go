@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"sync"
 
@@ -17,13 +18,13 @@ import (
 // rows are taken (attempt counted) while still claimable; the handler runs
 // with the key locked; completions are written in batches on the key
 // session, then their keys are released. No transaction stays open, and
-// deliveries hold no connection: one session holds the keys of all of
-// them.
+// deliveries hold no connection: a few sessions (advisoryShards, each
+// for the keys that hash to it) hold the keys of all of them.
 type advisory struct {
 	base
 	mu      sync.Mutex
 	held    map[string]bool // keys this form holds or is trying
-	keys    keyHolder
+	keys    [advisoryShards]keyHolder
 	stop    chan struct{} // ends the holder's pings
 	stopped sync.Once
 
@@ -32,7 +33,9 @@ type advisory struct {
 
 func newAdvisory(b base) *advisory {
 	f := &advisory{base: b, held: map[string]bool{}, stop: make(chan struct{})}
-	f.keys.f = f
+	for i := range f.keys {
+		f.keys[i].f = f
+	}
 	f.batch.flush = f.flush
 	return f
 }
@@ -47,14 +50,30 @@ func (f *advisory) Traits() core.Traits {
 // advisoryClaimers is how many claims an advisory subscription runs at once.
 const advisoryClaimers = 2
 
+// advisoryShards is how many sessions hold an advisory subscription's
+// keys, each those that hash to it (shardOf): their key tries, completions
+// and releases run at once, where one session would run them one after
+// another.
+const advisoryShards = 4
+
 // AdvisoryConnections is the most connections of its pool an
 // advisory-form subscription uses at once, whatever its concurrency: the
-// session holding the keys (which also writes the completions), and one
+// sessions holding the keys (which also write the completions), and one
 // per claim running. Handlers hold none.
-const AdvisoryConnections = 1 + advisoryClaimers
+const AdvisoryConnections = advisoryShards + advisoryClaimers
+
+// shardOf is the key session that holds key: always the same one, so the
+// form never tries a key on two sessions.
+func (f *advisory) shardOf(key string) *keyHolder {
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return &f.keys[h.Sum32()%advisoryShards]
+}
 
 func (f *advisory) Start(ctx context.Context) error {
-	go f.keys.pings(f.stop)
+	for i := range f.keys {
+		go f.keys[i].pings(f.stop)
+	}
 	return nil
 }
 
@@ -63,7 +82,9 @@ func (f *advisory) Start(ctx context.Context) error {
 // last of them.
 func (f *advisory) Close() error {
 	f.stopped.Do(func() { close(f.stop) })
-	f.keys.close()
+	for i := range f.keys {
+		f.keys[i].close()
+	}
 	return nil
 }
 
@@ -88,8 +109,8 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	// The rows of this form's own deliveries are still claimable (their
 	// keys are what hold them) and mostly lie behind the cursor (see
 	// cursor), where the last claims found rows: a claim reads from there
-	// first. A full scan (periodic, or when nothing is ahead of the
-	// cursor) starts at the first row and looks past them too.
+	// first. A full scan (periodic, or when the rows ahead of the cursor
+	// were too few) starts at the first row and looks past them too.
 	f.mu.Lock()
 	held := len(f.held)
 	f.mu.Unlock()
@@ -115,19 +136,16 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 		if from == "" || len(out) == max || !end {
 			break
 		}
-		// Fewer rows ahead of the cursor than asked: the next claim scans
-		// from the start, and this one at once if it took none.
-		if len(got) > 0 {
-			f.scan.reset()
-			break
-		}
+		// Fewer rows ahead of the cursor than asked: scan from the start
+		// at once (the cursor's rows were tried already).
 	}
 	return out, nil
 }
 
 // claimFrom is one scan of Claim: pages of candidates over where (the
 // first of up to first rows, the others of up to limit), until max claims
-// are taken; end reports that the scan reached the last ready row. The
+// are taken or a page shows no key not seen before in the claim (tried:
+// every key seen); end reports that the scan reached the last ready row. The
 // cursor moves past each wave of candidates as its keys are tried, so a
 // claim running meanwhile starts after them.
 func (f *advisory) claimFrom(ctx context.Context, cols, where string, args []any, first, limit, max int, tried map[string]bool) (out []core.Claim, end bool, err error) {
@@ -144,6 +162,7 @@ func (f *advisory) claimFrom(ctx context.Context, cols, where string, args []any
 			cond, ca := p.From(p.Alias, after, true)
 			q, a = fmt.Sprintf(page, " AND "+cond), append(append([]any{}, args...), ca...)
 		}
+		seen := len(tried)
 		rs, err := f.db.QueryxContext(ctx, p.Rebind(q), a...)
 		if err != nil {
 			return out, false, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table, err)
@@ -164,10 +183,13 @@ func (f *advisory) claimFrom(ctx context.Context, cols, where string, args []any
 				for ; i < len(cands) && len(out)+len(locked)+len(wave) < max; i++ {
 					r := &cands[i]
 					key := p.Key.Render(r.get)
-					if tried[key] || !f.hold(key) {
+					if tried[key] {
 						continue
 					}
 					tried[key] = true
+					if !f.hold(key) {
+						continue
+					}
 					wave = append(wave, &advisoryClaim{f: f, key: key, id: r.vals[0]})
 				}
 				if len(wave) == 0 {
@@ -190,6 +212,12 @@ func (f *advisory) claimFrom(ctx context.Context, cols, where string, args []any
 		}
 		if len(cands) < size {
 			return out, true, nil
+		}
+		if len(tried) == seen {
+			// Every key of the page was seen before in this claim (held,
+			// by this form or another, or just tried): the next pages
+			// would mostly repeat them.
+			break
 		}
 		if after = orderPosition(p.OrderValues(cands[len(cands)-1].get)); after == nil {
 			break // a NULL order value: no page can start after it
@@ -217,7 +245,7 @@ func (f *advisory) takeAll(ctx context.Context, claims []*advisoryClaim) ([]core
 		}
 		return lost
 	})
-	lostErr := f.keys.unlock(ctx, gone...) // drops their keys; the server let them go
+	lostErr := f.unlock(ctx, gone...) // drops their keys; the server let them go
 	if len(claims) == 0 {
 		return nil, lostErr
 	}
@@ -245,11 +273,11 @@ func (f *advisory) takeAll(ctx context.Context, claims []*advisoryClaim) ([]core
 			r, err := f.count(ctx, c.id)
 			keep(c, r, err)
 		}
-		return out, errors.Join(errs, f.keys.unlock(ctx, free...))
+		return out, errors.Join(errs, f.unlock(ctx, free...))
 	}
 	rows, err := f.countAll(ctx, claims)
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("sqlxbroker: take advisory rows on %s: %w", f.plan.Table, err), f.keys.unlock(ctx, claims...))
+		return nil, errors.Join(fmt.Errorf("sqlxbroker: take advisory rows on %s: %w", f.plan.Table, err), f.unlock(ctx, claims...))
 	}
 	byID := make(map[string]*row, len(rows))
 	for i := range rows {
@@ -258,7 +286,7 @@ func (f *advisory) takeAll(ctx context.Context, claims []*advisoryClaim) ([]core
 	for _, c := range claims {
 		keep(c, byID[idKey(c.id)], nil)
 	}
-	return out, errors.Join(errs, f.keys.unlock(ctx, free...))
+	return out, errors.Join(errs, f.unlock(ctx, free...))
 }
 
 // countAll adds 1 to the attempt of each row of claims that is still
@@ -276,24 +304,68 @@ func (f *advisory) countAll(ctx context.Context, claims []*advisoryClaim) ([]row
 	return f.updateRows(ctx, f.db, p.QAttempt+" = "+p.NextAttempt(""), in, append(ids, args...))
 }
 
-// tryLocks tries the keys of wave on the holder's session and returns the
-// claims whose keys it locked; the keys of the others are dropped.
+// tryLocks tries the keys of wave on their sessions (shardOf), all at
+// once, and returns the claims whose keys were locked, in the wave's order;
+// the keys of the others are dropped.
 func (f *advisory) tryLocks(ctx context.Context, wave []*advisoryClaim) ([]*advisoryClaim, error) {
 	keys := make([]string, len(wave))
 	for i, c := range wave {
 		keys[i] = c.key
 	}
-	ok, gen, err := f.keys.try(ctx, keys)
-	var out []*advisoryClaim
-	for i, c := range wave {
-		if err == nil && ok[i] {
-			c.gen = gen
+	byShard := map[*keyHolder][]*advisoryClaim{}
+	for _, c := range wave {
+		c.h = f.shardOf(c.key)
+		byShard[c.h] = append(byShard[c.h], c)
+	}
+	locked := make(map[*advisoryClaim]bool, len(wave))
+	var (
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		errs error
+	)
+	for h, cs := range byShard {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			keys := make([]string, len(cs))
+			for i, c := range cs {
+				keys[i] = c.key
+			}
+			ok, gen, err := h.try(ctx, keys)
+			mu.Lock()
+			defer mu.Unlock()
+			errs = errors.Join(errs, err)
+			for i, c := range cs {
+				if err == nil && ok[i] {
+					c.gen, locked[c] = gen, true
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	var out []*advisoryClaim // in the wave's order
+	for _, c := range wave {
+		if locked[c] {
 			out = append(out, c)
 		} else {
 			f.drop(c.key)
 		}
 	}
-	return out, err
+	return out, errs
+}
+
+// unlock releases the keys of cs on their sessions and drops them from the
+// form's keys.
+func (f *advisory) unlock(ctx context.Context, cs ...*advisoryClaim) error {
+	byShard := map[*keyHolder][]*advisoryClaim{}
+	for _, c := range cs {
+		byShard[c.h] = append(byShard[c.h], c)
+	}
+	var errs error
+	for h, cs := range byShard {
+		errs = errors.Join(errs, h.unlock(ctx, cs...))
+	}
+	return errs
 }
 
 // hold marks key as held by this form; false when it already is.
@@ -373,7 +445,8 @@ func (f *advisory) groupOf(ctx context.Context, q sqlx.QueryerContext, id any) (
 type advisoryClaim struct {
 	noTx
 	f    *advisory
-	gen  *holding // the holder's session that locked the key
+	h    *keyHolder // the key's session (advisory.shardOf)
+	gen  *holding   // the holder's session that locked the key
 	key  string
 	id   any
 	row  core.Row
@@ -430,16 +503,44 @@ func (f *advisory) completeOne(ctx context.Context, q sqlx.ExecerContext, c *adv
 // time costs the session: lib/pq and go-sql-driver give up a connection
 // whose statement they cancel, so its keys go with it and every delivery
 // it held is lost; the rows come back with their attempt counted.
+//
+// A batch's claims are written on their key sessions (advisory.shardOf),
+// all at once.
 func (f *advisory) flush(batch []*advisoryClaim) {
-	ctx := context.Background()
 	errs := make([]error, len(batch))
-	h := &f.keys
+	byShard := map[*keyHolder][]int{}
+	for i, c := range batch {
+		byShard[c.h] = append(byShard[c.h], i)
+	}
+	var wg sync.WaitGroup
+	for h, idx := range byShard {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f.flushOn(h, batch, idx, errs)
+		}()
+	}
+	wg.Wait()
+	for _, c := range batch {
+		f.drop(c.key)
+	}
+	for i, c := range batch {
+		c.done(errs[i])
+	}
+}
+
+// flushOn writes the claims batch[i] of idx, whose keys h holds, and
+// releases their keys; errs[i] gets each one's answer.
+func (f *advisory) flushOn(h *keyHolder, batch []*advisoryClaim, idx []int, errs []error) {
+	ctx := context.Background()
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	var wins []any
 	var won []int
 	var live []*advisoryClaim
 	failed := false
-	for i, c := range batch {
+	for _, i := range idx {
+		c := batch[i]
 		c.gen.forget(c)
 		switch {
 		case h.sess == nil || c.gen != h.gen || c.gen.isLost():
@@ -475,14 +576,7 @@ func (f *advisory) flush(batch []*advisoryClaim) {
 		}
 		cancel()
 	}
-	h.release(ctx, live)
-	h.mu.Unlock()
-	for _, c := range batch {
-		f.drop(c.key)
-	}
-	for i, c := range batch {
-		c.done(errs[i])
-	}
+	h.release(ctx, live) // a failed release closes the session, which releases them
 }
 
 // succeedAll completes the rows of ids as succeeded in one statement:
