@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"slices"
 	"sync"
 
@@ -18,13 +17,13 @@ import (
 // rows are taken (attempt counted) while still claimable; the handler runs
 // with the key locked; completions are written in batches on the key
 // session, then their keys are released. No transaction stays open, and
-// deliveries hold no connection: a few sessions (advisoryShards, each
-// for the keys that hash to it) hold the keys of all of them.
+// deliveries hold no connection: one session holds the keys of all of
+// them.
 type advisory struct {
 	base
 	mu      sync.Mutex
 	held    map[string]bool // keys this form holds or is trying
-	keys    [advisoryShards]keyHolder
+	keys    keyHolder
 	stop    chan struct{} // ends the holder's pings
 	stopped sync.Once
 
@@ -33,9 +32,7 @@ type advisory struct {
 
 func newAdvisory(b base) *advisory {
 	f := &advisory{base: b, held: map[string]bool{}, stop: make(chan struct{})}
-	for i := range f.keys {
-		f.keys[i].f = f
-	}
+	f.keys.f = f
 	f.batch.flush = f.flush
 	return f
 }
@@ -50,30 +47,14 @@ func (f *advisory) Traits() core.Traits {
 // advisoryClaimers is how many claims an advisory subscription runs at once.
 const advisoryClaimers = 2
 
-// advisoryShards is how many sessions hold an advisory subscription's
-// keys, each those that hash to it (shardOf): their key tries, completions
-// and releases run at once, where one session would run them one after
-// another.
-const advisoryShards = 4
-
 // AdvisoryConnections is the most connections of its pool an
 // advisory-form subscription uses at once, whatever its concurrency: the
-// sessions holding the keys (which also write the completions), and one
+// session holding the keys (which also writes the completions), and one
 // per claim running. Handlers hold none.
-const AdvisoryConnections = advisoryShards + advisoryClaimers
-
-// shardOf is the key session that holds key: always the same one, so the
-// form never tries a key on two sessions.
-func (f *advisory) shardOf(key string) *keyHolder {
-	h := fnv.New32a()
-	h.Write([]byte(key))
-	return &f.keys[h.Sum32()%advisoryShards]
-}
+const AdvisoryConnections = 1 + advisoryClaimers
 
 func (f *advisory) Start(ctx context.Context) error {
-	for i := range f.keys {
-		go f.keys[i].pings(f.stop)
-	}
+	go f.keys.pings(f.stop)
 	return nil
 }
 
@@ -82,9 +63,7 @@ func (f *advisory) Start(ctx context.Context) error {
 // last of them.
 func (f *advisory) Close() error {
 	f.stopped.Do(func() { close(f.stop) })
-	for i := range f.keys {
-		f.keys[i].close()
-	}
+	f.keys.close()
 	return nil
 }
 
@@ -144,8 +123,7 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 
 // claimFrom is one scan of Claim: pages of candidates over where (the
 // first of up to first rows, the others of up to limit), until max claims
-// are taken or a page shows no key not seen before in the claim (tried:
-// every key seen); end reports that the scan reached the last ready row. The
+// are taken; end reports that the scan reached the last ready row. The
 // cursor moves past each wave of candidates as its keys are tried, so a
 // claim running meanwhile starts after them.
 func (f *advisory) claimFrom(ctx context.Context, cols, where string, args []any, first, limit, max int, tried map[string]bool) (out []core.Claim, end bool, err error) {
@@ -162,7 +140,6 @@ func (f *advisory) claimFrom(ctx context.Context, cols, where string, args []any
 			cond, ca := p.From(p.Alias, after, true)
 			q, a = fmt.Sprintf(page, " AND "+cond), append(append([]any{}, args...), ca...)
 		}
-		seen := len(tried)
 		rs, err := f.db.QueryxContext(ctx, p.Rebind(q), a...)
 		if err != nil {
 			return out, false, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table, err)
@@ -183,13 +160,10 @@ func (f *advisory) claimFrom(ctx context.Context, cols, where string, args []any
 				for ; i < len(cands) && len(out)+len(locked)+len(wave) < max; i++ {
 					r := &cands[i]
 					key := p.Key.Render(r.get)
-					if tried[key] {
+					if tried[key] || !f.hold(key) {
 						continue
 					}
 					tried[key] = true
-					if !f.hold(key) {
-						continue
-					}
 					wave = append(wave, &advisoryClaim{f: f, key: key, id: r.vals[0]})
 				}
 				if len(wave) == 0 {
@@ -212,12 +186,6 @@ func (f *advisory) claimFrom(ctx context.Context, cols, where string, args []any
 		}
 		if len(cands) < size {
 			return out, true, nil
-		}
-		if len(tried) == seen {
-			// Every key of the page was seen before in this claim (held,
-			// by this form or another, or just tried): the next pages
-			// would mostly repeat them.
-			break
 		}
 		if after = orderPosition(p.OrderValues(cands[len(cands)-1].get)); after == nil {
 			break // a NULL order value: no page can start after it
@@ -245,7 +213,7 @@ func (f *advisory) takeAll(ctx context.Context, claims []*advisoryClaim) ([]core
 		}
 		return lost
 	})
-	lostErr := f.unlock(ctx, gone...) // drops their keys; the server let them go
+	lostErr := f.keys.unlock(ctx, gone...) // drops their keys; the server let them go
 	if len(claims) == 0 {
 		return nil, lostErr
 	}
@@ -273,11 +241,11 @@ func (f *advisory) takeAll(ctx context.Context, claims []*advisoryClaim) ([]core
 			r, err := f.count(ctx, c.id)
 			keep(c, r, err)
 		}
-		return out, errors.Join(errs, f.unlock(ctx, free...))
+		return out, errors.Join(errs, f.keys.unlock(ctx, free...))
 	}
 	rows, err := f.countAll(ctx, claims)
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("sqlxbroker: take advisory rows on %s: %w", f.plan.Table, err), f.unlock(ctx, claims...))
+		return nil, errors.Join(fmt.Errorf("sqlxbroker: take advisory rows on %s: %w", f.plan.Table, err), f.keys.unlock(ctx, claims...))
 	}
 	byID := make(map[string]*row, len(rows))
 	for i := range rows {
@@ -286,7 +254,7 @@ func (f *advisory) takeAll(ctx context.Context, claims []*advisoryClaim) ([]core
 	for _, c := range claims {
 		keep(c, byID[idKey(c.id)], nil)
 	}
-	return out, errors.Join(errs, f.unlock(ctx, free...))
+	return out, errors.Join(errs, f.keys.unlock(ctx, free...))
 }
 
 // countAll adds 1 to the attempt of each row of claims that is still
@@ -304,68 +272,24 @@ func (f *advisory) countAll(ctx context.Context, claims []*advisoryClaim) ([]row
 	return f.updateRows(ctx, f.db, p.QAttempt+" = "+p.NextAttempt(""), in, append(ids, args...))
 }
 
-// tryLocks tries the keys of wave on their sessions (shardOf), all at
-// once, and returns the claims whose keys were locked, in the wave's order;
-// the keys of the others are dropped.
+// tryLocks tries the keys of wave on the holder's session and returns the
+// claims whose keys it locked; the keys of the others are dropped.
 func (f *advisory) tryLocks(ctx context.Context, wave []*advisoryClaim) ([]*advisoryClaim, error) {
 	keys := make([]string, len(wave))
 	for i, c := range wave {
 		keys[i] = c.key
 	}
-	byShard := map[*keyHolder][]*advisoryClaim{}
-	for _, c := range wave {
-		c.h = f.shardOf(c.key)
-		byShard[c.h] = append(byShard[c.h], c)
-	}
-	locked := make(map[*advisoryClaim]bool, len(wave))
-	var (
-		mu   sync.Mutex
-		wg   sync.WaitGroup
-		errs error
-	)
-	for h, cs := range byShard {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			keys := make([]string, len(cs))
-			for i, c := range cs {
-				keys[i] = c.key
-			}
-			ok, gen, err := h.try(ctx, keys)
-			mu.Lock()
-			defer mu.Unlock()
-			errs = errors.Join(errs, err)
-			for i, c := range cs {
-				if err == nil && ok[i] {
-					c.gen, locked[c] = gen, true
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	var out []*advisoryClaim // in the wave's order
-	for _, c := range wave {
-		if locked[c] {
+	ok, gen, err := f.keys.try(ctx, keys)
+	var out []*advisoryClaim
+	for i, c := range wave {
+		if err == nil && ok[i] {
+			c.gen = gen
 			out = append(out, c)
 		} else {
 			f.drop(c.key)
 		}
 	}
-	return out, errs
-}
-
-// unlock releases the keys of cs on their sessions and drops them from the
-// form's keys.
-func (f *advisory) unlock(ctx context.Context, cs ...*advisoryClaim) error {
-	byShard := map[*keyHolder][]*advisoryClaim{}
-	for _, c := range cs {
-		byShard[c.h] = append(byShard[c.h], c)
-	}
-	var errs error
-	for h, cs := range byShard {
-		errs = errors.Join(errs, h.unlock(ctx, cs...))
-	}
-	return errs
+	return out, err
 }
 
 // hold marks key as held by this form; false when it already is.
@@ -445,8 +369,7 @@ func (f *advisory) groupOf(ctx context.Context, q sqlx.QueryerContext, id any) (
 type advisoryClaim struct {
 	noTx
 	f    *advisory
-	h    *keyHolder // the key's session (advisory.shardOf)
-	gen  *holding   // the holder's session that locked the key
+	gen  *holding // the holder's session that locked the key
 	key  string
 	id   any
 	row  core.Row
@@ -503,44 +426,16 @@ func (f *advisory) completeOne(ctx context.Context, q sqlx.ExecerContext, c *adv
 // time costs the session: lib/pq and go-sql-driver give up a connection
 // whose statement they cancel, so its keys go with it and every delivery
 // it held is lost; the rows come back with their attempt counted.
-//
-// A batch's claims are written on their key sessions (advisory.shardOf),
-// all at once.
 func (f *advisory) flush(batch []*advisoryClaim) {
-	errs := make([]error, len(batch))
-	byShard := map[*keyHolder][]int{}
-	for i, c := range batch {
-		byShard[c.h] = append(byShard[c.h], i)
-	}
-	var wg sync.WaitGroup
-	for h, idx := range byShard {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			f.flushOn(h, batch, idx, errs)
-		}()
-	}
-	wg.Wait()
-	for _, c := range batch {
-		f.drop(c.key)
-	}
-	for i, c := range batch {
-		c.done(errs[i])
-	}
-}
-
-// flushOn writes the claims batch[i] of idx, whose keys h holds, and
-// releases their keys; errs[i] gets each one's answer.
-func (f *advisory) flushOn(h *keyHolder, batch []*advisoryClaim, idx []int, errs []error) {
 	ctx := context.Background()
+	errs := make([]error, len(batch))
+	h := &f.keys
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	var wins []any
 	var won []int
 	var live []*advisoryClaim
 	failed := false
-	for _, i := range idx {
-		c := batch[i]
+	for i, c := range batch {
 		c.gen.forget(c)
 		switch {
 		case h.sess == nil || c.gen != h.gen || c.gen.isLost():
@@ -576,7 +471,14 @@ func (f *advisory) flushOn(h *keyHolder, batch []*advisoryClaim, idx []int, errs
 		}
 		cancel()
 	}
-	h.release(ctx, live) // a failed release closes the session, which releases them
+	h.release(ctx, live)
+	h.mu.Unlock()
+	for _, c := range batch {
+		f.drop(c.key)
+	}
+	for i, c := range batch {
+		c.done(errs[i])
+	}
 }
 
 // succeedAll completes the rows of ids as succeeded in one statement:

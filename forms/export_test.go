@@ -10,20 +10,17 @@ import (
 // the test ends.
 func SetFullScanEvery(d time.Duration) { fullScanEvery = d }
 
-// EndKeySession ends the sessions that hold an advisory form's keys, as a
-// failed statement on each does.
+// EndKeySession ends the session that holds an advisory form's keys, as a
+// failed statement on it does.
 func EndKeySession(f core.ClaimForm) {
 	if u, ok := f.(interface{ Unwrap() core.ClaimForm }); ok {
 		f = u.Unwrap()
 	}
 	a := f.(*advisory)
-	for i := range a.keys {
-		h := &a.keys[i]
-		h.mu.Lock()
-		if h.sess != nil {
-			h.fail()
-		}
-		h.mu.Unlock()
+	a.keys.mu.Lock()
+	defer a.keys.mu.Unlock()
+	if a.keys.sess != nil {
+		a.keys.fail()
 	}
 }
 
