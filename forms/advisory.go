@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/sqlxbroker/sqlxbroker/core"
@@ -28,10 +29,14 @@ type advisory struct {
 	stopped sync.Once
 
 	batch batcher[*advisoryClaim] // completions, written in batches by flush
+
+	fmu     sync.Mutex
+	writing int           // batches being written
+	written chan struct{} // closed when a batch has been written
 }
 
 func newAdvisory(b base) *advisory {
-	f := &advisory{base: b, held: map[string]bool{}, stop: make(chan struct{})}
+	f := &advisory{base: b, held: map[string]bool{}, stop: make(chan struct{}), written: make(chan struct{})}
 	f.keys.f = f
 	f.batch.flush = f.flush
 	return f
@@ -77,6 +82,7 @@ const pages = 8
 
 func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	p := f.plan
+	f.awaitBatch(ctx)
 	where, args := p.Ready(p.Alias, core.Now())
 	cols := p.Alias + "." + p.QID
 	for _, k := range p.OrderKeys {
@@ -119,6 +125,44 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 		// at once (the cursor's rows were tried already).
 	}
 	return out, nil
+}
+
+// batchWait is the longest a claim waits for a completion batch being
+// written.
+const batchWait = 20 * time.Millisecond
+
+// awaitBatch waits, for at most batchWait, for a completion batch being
+// written to end: the handlers that freed the claim's places have their
+// keys released with it, and their keys' next rows are what the claim
+// reads first (a claim that ran meanwhile would find those keys held and
+// read page after page for little).
+func (f *advisory) awaitBatch(ctx context.Context) {
+	var t *time.Timer
+	for {
+		f.batch.mu.Lock()
+		queued := len(f.batch.queue)
+		f.batch.mu.Unlock()
+		f.fmu.Lock()
+		n, ch := f.writing, f.written
+		f.fmu.Unlock()
+		if n == 0 {
+			return // nothing written now; what is queued starts at once
+		}
+		if t == nil {
+			t = time.NewTimer(batchWait)
+			defer t.Stop()
+		}
+		select {
+		case <-ch:
+		case <-t.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+		if queued == 0 {
+			return
+		}
+	}
 }
 
 // claimFrom is one scan of Claim: pages of candidates over where (the
@@ -427,6 +471,16 @@ func (f *advisory) completeOne(ctx context.Context, q sqlx.ExecerContext, c *adv
 // whose statement they cancel, so its keys go with it and every delivery
 // it held is lost; the rows come back with their attempt counted.
 func (f *advisory) flush(batch []*advisoryClaim) {
+	f.fmu.Lock()
+	f.writing++
+	f.fmu.Unlock()
+	defer func() {
+		f.fmu.Lock()
+		f.writing--
+		close(f.written)
+		f.written = make(chan struct{})
+		f.fmu.Unlock()
+	}()
 	ctx := context.Background()
 	errs := make([]error, len(batch))
 	h := &f.keys
