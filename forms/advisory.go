@@ -107,13 +107,14 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 			from, fromArgs = f.scan.from(p, p.Alias, retry)
 		}
 		// Ahead of the cursor, most rows are claimable: the first page
-		// reads a little more than is wanted, the next pages (past rows
-		// whose keys are held) more.
-		first, limit := max+max/candidates+1, max*candidates
+		// reads a little more than is wanted (a full scan, the rows held
+		// too), the next pages (past rows whose keys are held) more.
+		first := max - len(out)
+		first += first/candidates + 1
 		if from == "" {
 			first += held
 		}
-		got, end, err := f.claimFrom(ctx, cols, where+from, append(append([]any{}, args...), fromArgs...), first, limit, max-len(out), tried)
+		got, end, err := f.claimFrom(ctx, cols, where+from, append(append([]any{}, args...), fromArgs...), first, max-len(out), tried)
 		out = append(out, got...)
 		if err != nil {
 			return out, err
@@ -166,15 +167,15 @@ func (f *advisory) awaitBatch(ctx context.Context) {
 }
 
 // claimFrom is one scan of Claim: pages of candidates over where (the
-// first of up to first rows, the others of up to limit), until max claims
-// are taken; end reports that the scan reached the last ready row. The
+// first of up to first rows, the others of candidates rows per row still
+// wanted), until max claims are taken; end reports that the scan reached the last ready row. The
 // cursor moves past each wave of candidates as its keys are tried, so a
 // claim running meanwhile starts after them.
-func (f *advisory) claimFrom(ctx context.Context, cols, where string, args []any, first, limit, max int, tried map[string]bool) (out []core.Claim, end bool, err error) {
+func (f *advisory) claimFrom(ctx context.Context, cols, where string, args []any, first, max int, tried map[string]bool) (out []core.Claim, end bool, err error) {
 	p := f.plan
 	var after []any // the order values the next page starts after
 	for n := 0; n < pages && len(out) < max && ctx.Err() == nil; n++ {
-		size := limit
+		size := (max - len(out)) * candidates // rows per row still wanted
 		if n == 0 {
 			size = first
 		}
