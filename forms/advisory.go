@@ -39,6 +39,10 @@ func newAdvisory(b base) *advisory {
 	f := &advisory{base: b, held: map[string]bool{}, stop: make(chan struct{}), written: make(chan struct{})}
 	f.keys.f = f
 	f.batch.flush = f.flush
+	// Batches are written on the one key session, one after another: a
+	// second writer would only wait for it with a batch that could have
+	// grown meanwhile.
+	f.batch.most = 1
 	return f
 }
 
