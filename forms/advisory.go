@@ -172,9 +172,9 @@ func (f *advisory) awaitBatch(ctx context.Context) {
 
 // claimFrom is one scan of Claim: pages of candidates over where (the
 // first of up to first rows, the others of candidates rows per row still
-// wanted), until max claims are taken; end reports that the scan reached the last ready row. The
-// cursor moves past each wave of candidates as its keys are tried, so a
-// claim running meanwhile starts after them.
+// wanted), until max claims are taken; end reports that the scan reached
+// the last ready row. The cursor moves past each wave of candidates as its
+// keys are tried, so a claim running meanwhile starts after them.
 func (f *advisory) claimFrom(ctx context.Context, cols, where string, args []any, first, max int, tried map[string]bool) (out []core.Claim, end bool, err error) {
 	p := f.plan
 	var after []any // the order values the next page starts after
