@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/sqlxbroker/sqlxbroker/core"
@@ -28,12 +29,20 @@ type advisory struct {
 	stopped sync.Once
 
 	batch batcher[*advisoryClaim] // completions, written in batches by flush
+
+	fmu     sync.Mutex
+	writing int           // batches being written
+	written chan struct{} // closed when a batch has been written
 }
 
 func newAdvisory(b base) *advisory {
-	f := &advisory{base: b, held: map[string]bool{}, stop: make(chan struct{})}
+	f := &advisory{base: b, held: map[string]bool{}, stop: make(chan struct{}), written: make(chan struct{})}
 	f.keys.f = f
 	f.batch.flush = f.flush
+	// Batches are written on the one key session, one after another: a
+	// second writer would only wait for it with a batch that could have
+	// grown meanwhile.
+	f.batch.most = 1
 	return f
 }
 
@@ -77,6 +86,7 @@ const pages = 8
 
 func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	p := f.plan
+	f.awaitBatch(ctx)
 	where, args := p.Ready(p.Alias, core.Now())
 	cols := p.Alias + "." + p.QID
 	for _, k := range p.OrderKeys {
@@ -86,15 +96,94 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 		cols += ", " + p.Alias + "." + k
 	}
 	// The rows of this form's own deliveries are still claimable (their
-	// keys are what hold them) and come first: look past them too.
+	// keys are what hold them) and mostly lie behind the cursor (see
+	// cursor), where the last claims found rows: a claim reads from there
+	// first. A full scan (periodic, or when the rows ahead of the cursor
+	// were too few) starts at the first row and looks past them too.
 	f.mu.Lock()
-	limit := max*candidates + len(f.held)
+	held := len(f.held)
 	f.mu.Unlock()
-	page := fmt.Sprintf("SELECT %s FROM %s %s WHERE %s%%s ORDER BY %s LIMIT %d", cols, p.QTable, p.Alias, where, p.OrderBy(p.Alias), limit)
 	var out []core.Claim
 	tried := map[string]bool{}
+	for retry := false; ; retry = true {
+		from, fromArgs := "", []any(nil)
+		if p.QGroup == "" {
+			from, fromArgs = f.scan.from(p, p.Alias, retry)
+		}
+		// Ahead of the cursor, most rows are claimable: the first page
+		// reads a little more than is wanted (a full scan, the rows held
+		// too), the next pages (past rows whose keys are held) more.
+		first := max - len(out)
+		first += first/candidates + 1
+		if from == "" {
+			first += held
+		}
+		got, end, err := f.claimFrom(ctx, cols, where+from, append(append([]any{}, args...), fromArgs...), first, max-len(out), tried)
+		out = append(out, got...)
+		if err != nil {
+			return out, err
+		}
+		if from == "" || len(out) == max || !end {
+			break
+		}
+		// Fewer rows ahead of the cursor than asked: scan from the start
+		// at once (the cursor's rows were tried already).
+	}
+	return out, nil
+}
+
+// batchWait is the longest a claim waits for a completion batch being
+// written.
+const batchWait = 20 * time.Millisecond
+
+// awaitBatch waits, for at most batchWait, for a completion batch being
+// written to end: the handlers that freed the claim's places have their
+// keys released with it, and their keys' next rows are what the claim
+// reads first (a claim that ran meanwhile would find those keys held and
+// read page after page for little).
+func (f *advisory) awaitBatch(ctx context.Context) {
+	var t *time.Timer
+	for {
+		f.batch.mu.Lock()
+		queued := len(f.batch.queue)
+		f.batch.mu.Unlock()
+		f.fmu.Lock()
+		n, ch := f.writing, f.written
+		f.fmu.Unlock()
+		if n == 0 {
+			return // nothing written now; what is queued starts at once
+		}
+		if t == nil {
+			t = time.NewTimer(batchWait)
+			defer t.Stop()
+		}
+		select {
+		case <-ch:
+		case <-t.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+		if queued == 0 {
+			return
+		}
+	}
+}
+
+// claimFrom is one scan of Claim: pages of candidates over where (the
+// first of up to first rows, the others of candidates rows per row still
+// wanted), until max claims are taken; end reports that the scan reached
+// the last ready row. The cursor moves past each wave of candidates as its
+// keys are tried, so a claim running meanwhile starts after them.
+func (f *advisory) claimFrom(ctx context.Context, cols, where string, args []any, first, max int, tried map[string]bool) (out []core.Claim, end bool, err error) {
+	p := f.plan
 	var after []any // the order values the next page starts after
 	for n := 0; n < pages && len(out) < max && ctx.Err() == nil; n++ {
+		size := (max - len(out)) * candidates // rows per row still wanted
+		if n == 0 {
+			size = first
+		}
+		page := fmt.Sprintf("SELECT %s FROM %s %s WHERE %s%%s ORDER BY %s LIMIT %d", cols, p.QTable, p.Alias, where, p.OrderBy(p.Alias), size)
 		q, a := fmt.Sprintf(page, ""), args
 		if after != nil {
 			cond, ca := p.From(p.Alias, after, true)
@@ -102,11 +191,11 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 		}
 		rs, err := f.db.QueryxContext(ctx, p.Rebind(q), a...)
 		if err != nil {
-			return out, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table, err)
+			return out, false, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table, err)
 		}
 		cands, err := readRows(rs)
 		if err != nil {
-			return out, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table, err)
+			return out, false, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table, err)
 		}
 		// Lock the keys of as many candidates as are wanted on the key
 		// session, a wave of them in one statement; then take their rows
@@ -129,6 +218,8 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 				if len(wave) == 0 {
 					break
 				}
+				// The next claim starts after this wave's rows, not among them.
+				f.scan.advance(p.OrderValues(cands[i-1].get))
 				var got []*advisoryClaim
 				got, err = f.tryLocks(ctx, wave)
 				locked = append(locked, got...)
@@ -136,20 +227,20 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 			taken, terr := f.takeAll(ctx, locked)
 			out = append(out, taken...)
 			if err = errors.Join(err, terr); err != nil {
-				return out, err
+				return out, false, err
 			}
 			if len(locked) == 0 {
 				break
 			}
 		}
-		if len(cands) < limit {
-			break
+		if len(cands) < size {
+			return out, true, nil
 		}
 		if after = orderPosition(p.OrderValues(cands[len(cands)-1].get)); after == nil {
 			break // a NULL order value: no page can start after it
 		}
 	}
-	return out, nil
+	return out, false, nil
 }
 
 // takeAll takes the rows of claims whose keys are locked: it counts each
@@ -385,6 +476,16 @@ func (f *advisory) completeOne(ctx context.Context, q sqlx.ExecerContext, c *adv
 // whose statement they cancel, so its keys go with it and every delivery
 // it held is lost; the rows come back with their attempt counted.
 func (f *advisory) flush(batch []*advisoryClaim) {
+	f.fmu.Lock()
+	f.writing++
+	f.fmu.Unlock()
+	defer func() {
+		f.fmu.Lock()
+		f.writing--
+		close(f.written)
+		f.written = make(chan struct{})
+		f.fmu.Unlock()
+	}()
 	ctx := context.Background()
 	errs := make([]error, len(batch))
 	h := &f.keys

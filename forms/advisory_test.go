@@ -10,6 +10,7 @@ import (
 
 	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/conformance"
+	"github.com/sqlxbroker/sqlxbroker/core"
 	"github.com/sqlxbroker/sqlxbroker/forms"
 )
 
@@ -107,6 +108,62 @@ func TestAdvisoryKeysOutliveSession(t *testing.T) {
 	for _, c := range again {
 		if err := conformance.Complete(ctx, c, sqlxbroker.Outcome{Kind: sqlxbroker.Succeeded}); err != nil {
 			t.Error(err)
+		}
+	}
+}
+
+// TestAdvisoryClaimCursor: advisory claims start from the claim cursor, past
+// the rows of the form's own deliveries, so a row made claimable again
+// behind it (a retry at once) waits for the next full scan: the periodic
+// one, or the one a claim makes at once when the rows ahead of the cursor
+// are too few. It is never left behind.
+func TestAdvisoryClaimCursor(t *testing.T) {
+	t.Cleanup(func() { forms.SetFullScanEvery(100 * time.Millisecond) })
+	forms.SetFullScanEvery(time.Hour)
+	ctx := context.Background()
+	db, b, tb := sqliteTable(t, sqlxbroker.Table{Name: "jobs", AdvisoryLock: "acct-{account}"})
+	for _, a := range []string{"a", "b", "c", "d", "e"} {
+		if err := b.Publish(ctx, db, tb, map[string]any{"account": a}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := conformance.StartForm(t, b, tb)
+	held := map[string]core.Claim{}
+	claim := func(want string) {
+		t.Helper()
+		cs, err := f.Claim(ctx, 1)
+		if err != nil || len(cs) != 1 {
+			t.Fatalf("claim: %d claims, %v; want row %s", len(cs), err, want)
+		}
+		got := fmt.Sprint(sqlxbroker.NewDelivery(cs[0]).ID())
+		if got != want {
+			t.Fatalf("claimed row %s, want %s", got, want)
+		}
+		held[got] = cs[0]
+	}
+	retry := func(id string) {
+		t.Helper()
+		if err := conformance.Complete(ctx, held[id], sqlxbroker.Outcome{Kind: sqlxbroker.Retry}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claim("1")
+	claim("2")
+	retry("1")
+	claim("3") // from the cursor: row 1 waits
+	forms.SetFullScanEvery(0)
+	claim("1") // the periodic full scan finds it
+	forms.SetFullScanEvery(time.Hour)
+	claim("4")
+	claim("5")
+	retry("2")
+	claim("2") // nothing ahead of the cursor: a full scan at once
+	if cs, err := f.Claim(ctx, 1); err != nil || len(cs) != 0 {
+		t.Fatalf("claim with every row held: %d claims, %v", len(cs), err)
+	}
+	for id, c := range held {
+		if err := conformance.Complete(ctx, c, sqlxbroker.Outcome{Kind: sqlxbroker.Succeeded}); err != nil {
+			t.Errorf("row %s: %v", id, err)
 		}
 	}
 }

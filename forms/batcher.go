@@ -18,6 +18,7 @@ const (
 // on one channel. Each goroutine ends when the queue is empty.
 type batcher[T any] struct {
 	flush func([]T)
+	most  int // goroutines writing batches at most; 0: flushers
 
 	mu       sync.Mutex
 	queue    []T
@@ -34,7 +35,11 @@ func (b *batcher[T]) add(c T) bool {
 		return false
 	}
 	b.queue = append(b.queue, c)
-	start := b.flushing < flushers
+	most := b.most
+	if most == 0 {
+		most = flushers
+	}
+	start := b.flushing < most
 	if start {
 		b.flushing++
 		b.wg.Add(1)
