@@ -106,9 +106,9 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	var out []core.Claim
 	tried := map[string]bool{}
 	for retry := false; ; retry = true {
-		from, fromArgs := "", []any(nil)
+		from, fromArgs, keep := "", []any(nil), false
 		if p.QGroup == "" {
-			from, fromArgs = f.scan.from(p, p.Alias, retry)
+			from, fromArgs, keep = f.scan.from(p, p.Alias, retry)
 		}
 		// Ahead of the cursor, most rows are claimable: the first page
 		// reads a little more than is wanted (a full scan, the rows held
@@ -118,8 +118,12 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 		if from == "" {
 			first += held
 		}
-		got, end, err := f.claimFrom(ctx, cols, where+from, append(append([]any{}, args...), fromArgs...), first, max-len(out), tried)
+		got, end, last, err := f.claimFrom(ctx, cols, where+from, append(append([]any{}, args...), fromArgs...), first, max-len(out), tried, keep)
 		out = append(out, got...)
+		if keep {
+			// A rescan's rows leave the cursor where it was (see cursor).
+			f.scan.rescanned(p, last, len(out) == max)
+		}
 		if err != nil {
 			return out, err
 		}
@@ -174,8 +178,10 @@ func (f *advisory) awaitBatch(ctx context.Context) {
 // first of up to first rows, the others of candidates rows per row still
 // wanted), until max claims are taken; end reports that the scan reached
 // the last ready row. The cursor moves past each wave of candidates as its
-// keys are tried, so a claim running meanwhile starts after them.
-func (f *advisory) claimFrom(ctx context.Context, cols, where string, args []any, first, max int, tried map[string]bool) (out []core.Claim, end bool, err error) {
+// keys are tried, so a claim running meanwhile starts after them; in a
+// rescan (keep) it stays, and last is the order position of the last
+// candidate tried (nil: none), for cursor.rescanned.
+func (f *advisory) claimFrom(ctx context.Context, cols, where string, args []any, first, max int, tried map[string]bool, keep bool) (out []core.Claim, end bool, last []any, err error) {
 	p := f.plan
 	var after []any // the order values the next page starts after
 	for n := 0; n < pages && len(out) < max && ctx.Err() == nil; n++ {
@@ -191,11 +197,11 @@ func (f *advisory) claimFrom(ctx context.Context, cols, where string, args []any
 		}
 		rs, err := f.db.QueryxContext(ctx, p.Rebind(q), a...)
 		if err != nil {
-			return out, false, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table, err)
+			return out, false, last, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table, err)
 		}
 		cands, err := readRows(rs)
 		if err != nil {
-			return out, false, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table, err)
+			return out, false, last, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table, err)
 		}
 		// Lock the keys of as many candidates as are wanted on the key
 		// session, a wave of them in one statement; then take their rows
@@ -219,7 +225,9 @@ func (f *advisory) claimFrom(ctx context.Context, cols, where string, args []any
 					break
 				}
 				// The next claim starts after this wave's rows, not among them.
-				f.scan.advance(p.OrderValues(cands[i-1].get))
+				if last = p.OrderValues(cands[i-1].get); !keep {
+					f.scan.advance(last)
+				}
 				var got []*advisoryClaim
 				got, err = f.tryLocks(ctx, wave)
 				locked = append(locked, got...)
@@ -227,20 +235,20 @@ func (f *advisory) claimFrom(ctx context.Context, cols, where string, args []any
 			taken, terr := f.takeAll(ctx, locked)
 			out = append(out, taken...)
 			if err = errors.Join(err, terr); err != nil {
-				return out, false, err
+				return out, false, last, err
 			}
 			if len(locked) == 0 {
 				break
 			}
 		}
 		if len(cands) < size {
-			return out, true, nil
+			return out, true, last, nil
 		}
 		if after = orderPosition(p.OrderValues(cands[len(cands)-1].get)); after == nil {
 			break // a NULL order value: no page can start after it
 		}
 	}
-	return out, false, nil
+	return out, false, last, nil
 }
 
 // takeAll takes the rows of claims whose keys are locked: it counts each

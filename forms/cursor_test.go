@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,8 +84,8 @@ func TestRescanOnWake(t *testing.T) {
 	for _, c := range prioTables(t, "fx_rescan") {
 		t.Run(c.name, func(t *testing.T) {
 			db, b, tb := c.db, c.b, c.tb
-			for range 5 {
-				if err := b.Publish(ctx, db, tb, map[string]any{"account": "a", "prio": 0}); err != nil {
+			for i := range 5 {
+				if err := b.Publish(ctx, db, tb, map[string]any{"account": fmt.Sprint("a", i), "prio": 0}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -112,7 +113,7 @@ func TestRescanOnWake(t *testing.T) {
 			}
 			claim("1")
 			claim("2")
-			if err := b.Publish(ctx, db, tb, map[string]any{"account": "a", "prio": 1}); err != nil {
+			if err := b.Publish(ctx, db, tb, map[string]any{"account": "a5", "prio": 1}); err != nil {
 				t.Fatal(err)
 			}
 			claim("3") // from the cursor: row 6 sorts before it
@@ -141,8 +142,8 @@ func TestPriorityJumpsBacklog(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			db, b, tb := c.db, c.b, c.tb
 			const backlog = 50
-			for range backlog {
-				if err := b.Publish(ctx, db, tb, map[string]any{"account": "backlog", "prio": 0}); err != nil {
+			for i := range backlog {
+				if err := b.Publish(ctx, db, tb, map[string]any{"account": fmt.Sprint("backlog-", i), "prio": 0}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -157,7 +158,7 @@ func TestPriorityJumpsBacklog(t *testing.T) {
 				if err := d.Scan(&m); err != nil {
 					return err
 				}
-				order <- m.Account
+				order <- strings.TrimRight(m.Account, "-0123456789")
 				if !once { // the first delivery holds the only handler
 					once = true
 					close(first)
@@ -243,6 +244,7 @@ func prioTables(t *testing.T, name string) []prioTable {
 		for _, tb := range []sqlxbroker.Table{
 			{Name: name + "_lease", LockedUntil: "locked_until", Lease: time.Minute, Order: "prio DESC, id"},
 			{Name: name + "_rowlock", Order: "prio DESC, id"},
+			{Name: name + "_adv", AdvisoryLock: "acct-{account}", Order: "prio DESC, id"},
 		} {
 			if !core.CapabilitiesOf(b.Dialect()).Offers(tb.Form()) {
 				continue
