@@ -7,27 +7,30 @@
 #
 #   bash scripts/bench-long.sh latency   # PostgreSQL, every form: 1,000/s
 #                                        # while 100,000 older rows drain
-#   bash scripts/bench-long.sh pair1     # 30 min each, at once: PostgreSQL
-#                                        # lease (rows deleted) and MariaDB lease
-#   bash scripts/bench-long.sh pair2     # 30 min each, at once: PostgreSQL
-#                                        # DoneAt table pruned, and PostgreSQL
-#                                        # lease with a transaction held open
-#                                        # (in a database of its own, so it
-#                                        # holds back that database only)
+#   bash scripts/bench-long.sh postgres  # 30 min: PostgreSQL lease, rows deleted
+#   bash scripts/bench-long.sh mariadb   # 30 min: MariaDB lease, rows deleted
+#   bash scripts/bench-long.sh pair      # 30 min each, at once: PostgreSQL
+#                                        # DoneAt table pruned every 10 s, and
+#                                        # at HOLD_RATE a lease table with a
+#                                        # transaction held open (in a database
+#                                        # of its own, so it holds back that
+#                                        # database only)
 #
-# DURATION (default 30m), INTERVAL (10s), CONC (64), PG_RATE and MY_RATE
-# (messages/s; half the steady capacity measured as docs/performance.md
-# says) override the defaults. DSNs as scripts/bench-sweep.sh sets them.
+# DURATION (default 30m), INTERVAL (10s), CONC (64), PG_RATE, MY_RATE and
+# HOLD_RATE (messages/s; PG_RATE and MY_RATE half the lease drain's rate
+# at CONC handlers, measured just before) override the defaults. DSNs as
+# scripts/bench-sweep.sh sets them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-what=${1:?usage: bench-long.sh latency|pair1|pair2}
+what=${1:?usage: bench-long.sh latency|postgres|mariadb|pair}
 OUT=${OUT:-/var/tmp/sqlxbroker-bench}
 DURATION=${DURATION:-30m}
 INTERVAL=${INTERVAL:-10s}
 CONC=${CONC:-64}
-PG_RATE=${PG_RATE:-6000}
-MY_RATE=${MY_RATE:-3000}
+PG_RATE=${PG_RATE:-13200}
+MY_RATE=${MY_RATE:-7500}
+HOLD_RATE=${HOLD_RATE:-1000}
 mkdir -p "$OUT"
 PG=${SQLXBROKER_POSTGRES_DSN:-postgres://root@127.0.0.1:5432/test?sslmode=disable}
 MY=${SQLXBROKER_MYSQL_DSN:-root@tcp(127.0.0.1:3306)/test}
@@ -57,25 +60,26 @@ latency)
 			--label "latency ${f%:*} ${f#*:} handlers, 100,000 backlog, prioritized"
 	done
 	;;
-pair1)
+postgres)
 	steady --driver postgres --dsn "$PG" --form lease --concurrency "$CONC" --rate "$PG_RATE" --duration "$DURATION" \
-		--table sxb_long_pg --label "PostgreSQL lease, rows deleted, $PG_RATE/s" &
-	steady --driver mysql --dsn "$MY" --form lease --concurrency "$CONC" --rate "$MY_RATE" --duration "$DURATION" \
-		--table sxb_long_my --label "MariaDB lease, rows deleted, $MY_RATE/s" &
-	both
+		--table sxb_long_pg --label "PostgreSQL lease, rows deleted, $PG_RATE/s"
 	;;
-pair2)
+mariadb)
+	steady --driver mysql --dsn "$MY" --form lease --concurrency "$CONC" --rate "$MY_RATE" --duration "$DURATION" \
+		--table sxb_long_my --label "MariaDB lease, rows deleted, $MY_RATE/s"
+	;;
+pair)
 	psql "${PG%%\?*}" -Atc "SELECT 1 FROM pg_database WHERE datname = '$HOLD_DB'" | grep -q 1 ||
 		psql "${PG%%\?*}" -c "CREATE DATABASE $HOLD_DB" >/dev/null
 	steady --driver postgres --dsn "$PG" --form lease --concurrency "$CONC" --rate "$PG_RATE" --duration "$DURATION" \
 		--done-at --prune-every 10s --prune-age 10s --table sxb_long_done \
 		--label "PostgreSQL lease, DoneAt pruned every 10 s, $PG_RATE/s" &
-	steady --driver postgres --dsn "$PG_HOLD" --form lease --concurrency "$CONC" --rate "$PG_RATE" --duration "$DURATION" \
-		--hold-tx --table sxb_long_hold --label "PostgreSQL lease, rows deleted, a transaction held open, $PG_RATE/s" &
+	steady --driver postgres --dsn "$PG_HOLD" --form lease --concurrency "$CONC" --rate "$HOLD_RATE" --duration "$DURATION" \
+		--hold-tx --table sxb_long_hold --label "PostgreSQL lease, rows deleted, a transaction held open, $HOLD_RATE/s" &
 	both
 	;;
 *)
-	echo "bench-long.sh: unknown run $what (latency, pair1 or pair2)" >&2
+	echo "bench-long.sh: unknown run $what (latency, postgres, mariadb or pair)" >&2
 	exit 2
 	;;
 esac
