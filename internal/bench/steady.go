@@ -90,6 +90,7 @@ func steady(ctx context.Context, c Config, b *sqlxbroker.Broker, t sqlxbroker.Ta
 	defer db.Close()
 	sb := sqlxbroker.OpenDialect(db, c.Dialect)
 	st := newServerStats(ctx, b.DB(), t.Name)
+	r.Autovacuum = st.autovacuum(ctx)
 
 	var lat hist
 	var got, backlogGot atomic.Int64
@@ -397,6 +398,17 @@ WHERE table_schema = DATABASE() AND table_name = ?`, s.table).Scan(&rows, &bytes
 		_ = s.db.QueryRowContext(ctx, `SELECT count FROM information_schema.innodb_metrics WHERE name = 'trx_rseg_history_len'`).Scan(&dead)
 	}
 	return live, dead, float64(bytes.Int64) / (1 << 20), vacuums, hot
+}
+
+// autovacuum returns PostgreSQL's autovacuum setting ("on" or "off"), ""
+// elsewhere: with it off, nothing removes the dead rows of a table that
+// nobody vacuums.
+func (s *serverStats) autovacuum(ctx context.Context) string {
+	var v string
+	if s.kind == "postgres" {
+		_ = s.db.QueryRowContext(ctx, "SHOW autovacuum").Scan(&v)
+	}
+	return v
 }
 
 // hold begins a transaction that holds back the server's cleanup of dead
