@@ -16,6 +16,12 @@
 #                                        # of its own, so it holds back that
 #                                        # database only)
 #
+# LABEL is added to the PostgreSQL run's label. PG_SETUP, when set, is run
+# on the PostgreSQL tables once created
+# (--setup: per-table autovacuum settings, say). On a server whose
+# autovacuum is off nothing removes the dead rows: docs/performance.md
+# shows both.
+#
 # DURATION (default 30m), INTERVAL (10s), CONC (64), PG_RATE, MY_RATE and
 # HOLD_RATE (messages/s; PG_RATE and MY_RATE half the lease drain's rate
 # at CONC handlers, measured just before) override the defaults. DSNs as
@@ -62,7 +68,7 @@ latency)
 	;;
 postgres)
 	steady --driver postgres --dsn "$PG" --form lease --concurrency "$CONC" --rate "$PG_RATE" --duration "$DURATION" \
-		--table sxb_long_pg --label "PostgreSQL lease, rows deleted, $PG_RATE/s"
+		--table sxb_long_pg --label "PostgreSQL lease, rows deleted, $PG_RATE/s${LABEL:+, $LABEL}" ${PG_SETUP:+--setup "$PG_SETUP"}
 	;;
 mariadb)
 	steady --driver mysql --dsn "$MY" --form lease --concurrency "$CONC" --rate "$MY_RATE" --duration "$DURATION" \
@@ -72,7 +78,7 @@ pair)
 	psql "${PG%%\?*}" -Atc "SELECT 1 FROM pg_database WHERE datname = '$HOLD_DB'" | grep -q 1 ||
 		psql "${PG%%\?*}" -c "CREATE DATABASE $HOLD_DB" >/dev/null
 	steady --driver postgres --dsn "$PG" --form lease --concurrency "$CONC" --rate "$PG_RATE" --duration "$DURATION" \
-		--done-at --prune-every 10s --prune-age 10s --table sxb_long_done \
+		--done-at --prune-every 10s --prune-age 10s --table sxb_long_done ${PG_SETUP:+--setup "$PG_SETUP"} \
 		--label "PostgreSQL lease, DoneAt pruned every 10 s, $PG_RATE/s" &
 	steady --driver postgres --dsn "$PG_HOLD" --form lease --concurrency "$CONC" --rate "$HOLD_RATE" --duration "$DURATION" \
 		--hold-tx --table sxb_long_hold --label "PostgreSQL lease, rows deleted, a transaction held open, $HOLD_RATE/s" &
