@@ -144,13 +144,8 @@ const batchWait = 20 * time.Millisecond
 // written to end: the handlers that freed the claim's places have their
 // keys released with it, and their keys' next rows are what the claim
 // reads first (a claim that ran meanwhile would find those keys held and
-// read page after page for little). A claim that rescans does not wait.
+// read page after page for little).
 func (f *advisory) awaitBatch(ctx context.Context) {
-	if f.scan.rescanning() {
-		// Rows were published before the cursor (a wake-up of a table
-		// ordered by priority): the claim goes for them at once.
-		return
-	}
 	var t *time.Timer
 	for {
 		f.batch.mu.Lock()

@@ -227,13 +227,6 @@ func compareValues(a, b any) (int, bool) {
 	return 0, false
 }
 
-// rescanning reports whether claims are rescanning (rescanNext).
-func (c *cursor) rescanning() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.rescan && c.at != nil
-}
-
 // rescanNext makes the next claim that starts a full scan, whatever
 // claims in flight then advance the cursor to.
 func (c *cursor) rescanNext() {
