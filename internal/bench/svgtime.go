@@ -34,8 +34,8 @@ func WriteTimeSVG(w io.Writer, title string, results []Result) error {
 		{"process RSS, MB", func(s Sample) float64 { return s.RSSMB }},
 	}
 	const (
-		width, panelH, gap = 930, 150, 40
-		left, right, top   = 80, 250, 50
+		width, panelH, gap = 1130, 150, 40
+		left, right, top   = 80, 450, 50
 	)
 	height := top + len(panels)*(panelH+gap) + 20
 	plotW := float64(width - left - right)
