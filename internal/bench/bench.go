@@ -571,15 +571,19 @@ func resetPeakRSS() { _ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) 
 
 // peakRSS returns the process's peak resident set in bytes (VmHWM), 0 where
 // the kernel does not say.
-func peakRSS() int64 {
+func peakRSS() int64 { return procStatusKB("VmHWM:") << 10 }
+
+// procStatusKB reads a field of /proc/self/status in kB ("VmHWM:",
+// "VmRSS:"), 0 where the kernel does not say.
+func procStatusKB(field string) int64 {
 	b, err := os.ReadFile("/proc/self/status")
 	if err != nil {
 		return 0
 	}
 	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmHWM:" {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == field {
 			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10
+			return kb
 		}
 	}
 	return 0

@@ -5,10 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"os"
 	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -197,14 +195,13 @@ func steady(ctx context.Context, c Config, b *sqlxbroker.Broker, t sqlxbroker.Ta
 	c.Logf("publishing %d/s for %v", c.Rate, c.Duration)
 	var pubErr error
 	msgs := make([]any, 0, 1000)
-	for i := 0; ; {
+	// Rate x Duration messages in all: those due by now (the first at
+	// once), so a publish that took long is caught up by the next one,
+	// the last included; sleep until the next is due when none is.
+	total := int64(float64(c.Rate) * c.Duration.Seconds())
+	for i := 0; int64(i) < total; {
 		el := time.Since(begin)
-		if el >= c.Duration {
-			break
-		}
-		// Messages due by now (the first at once); sleep until the next
-		// one is due when none is.
-		due := int64(float64(c.Rate)*el.Seconds()) + 1 - int64(i)
+		due := min(int64(float64(c.Rate)*el.Seconds())+1, total) - int64(i)
 		if due <= 0 {
 			next := time.Duration(float64(i) / float64(c.Rate) * float64(time.Second))
 			time.Sleep(next - el)
@@ -344,16 +341,7 @@ func quantileOf(a, b *[nBuckets]int64, q float64) time.Duration {
 func memory() (heap, rss float64) {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	heap = float64(ms.HeapInuse) / (1 << 20)
-	if b, err := os.ReadFile("/proc/self/status"); err == nil {
-		for _, l := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
-				kb, _ := strconv.ParseInt(f[1], 10, 64)
-				rss = float64(kb) / 1024
-			}
-		}
-	}
-	return heap, rss
+	return float64(ms.HeapInuse) / (1 << 20), float64(procStatusKB("VmRSS:")) / 1024
 }
 
 // serverStats reads what the server tells of a table: which server it
@@ -367,8 +355,9 @@ type serverStats struct {
 func newServerStats(ctx context.Context, db *sqlx.DB, table string) *serverStats {
 	s := &serverStats{db: db, table: table}
 	var one int
-	if db.QueryRowContext(ctx, "SELECT 1 FROM pg_stat_user_tables LIMIT 1").Scan(&one) == nil ||
-		db.QueryRowContext(ctx, "SELECT count(*) FROM pg_stat_user_tables").Scan(&one) == nil {
+	// As the contention sampler of RunProcs asks: pg_stat_activity always
+	// has the asking session's row.
+	if db.QueryRowContext(ctx, "SELECT 1 FROM pg_stat_activity LIMIT 1").Scan(&one) == nil {
 		s.kind = "postgres"
 	} else if db.QueryRowContext(ctx, "SELECT count(*) FROM information_schema.innodb_metrics").Scan(&one) == nil {
 		s.kind = "mysql"
