@@ -402,8 +402,11 @@ func printWindows(rs []bench.Result) {
 			fmt.Printf("| %s | %.0f | %.2f | %.2f | %d | %.1f | %.1f | %.1f |\n", x.name, x.w.PerSecond, x.w.P50Ms, x.w.P99Ms, x.w.DeadRows, x.w.TableMB, x.w.HeapMB, x.w.RSSMB)
 		}
 		fmt.Printf("last/first: deliveries/s %.3f, p99 %.3f, RSS %.3f", ratio(l.PerSecond, f.PerSecond), ratio(l.P99Ms, f.P99Ms), ratio(l.RSSMB, f.RSSMB))
-		if r.BacklogRows > 0 {
+		switch {
+		case r.BacklogRows > 0 && r.BacklogDrained > 0:
 			fmt.Printf("; backlog of %d drained %.1f s into the run", r.BacklogRows, r.BacklogDrained)
+		case r.BacklogRows > 0:
+			fmt.Printf("; backlog of %d not drained", r.BacklogRows)
 		}
 		if r.Pruned > 0 {
 			fmt.Printf("; %d rows pruned", r.Pruned)
