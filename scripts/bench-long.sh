@@ -9,12 +9,16 @@
 #                                        # while 100,000 older rows drain
 #   bash scripts/bench-long.sh postgres  # 30 min: PostgreSQL lease, rows deleted
 #   bash scripts/bench-long.sh mariadb   # 30 min: MariaDB lease, rows deleted
-#   bash scripts/bench-long.sh pair      # 30 min each, at once: PostgreSQL
-#                                        # DoneAt table pruned every 10 s, and
-#                                        # at HOLD_RATE a lease table with a
-#                                        # transaction held open (in a database
-#                                        # of its own, so it holds back that
-#                                        # database only)
+#   bash scripts/bench-long.sh done      # 30 min: PostgreSQL lease, DoneAt
+#                                        # table pruned every 10 s by Prune
+#   bash scripts/bench-long.sh hold      # 30 min: PostgreSQL lease, rows
+#                                        # deleted, at HOLD_RATE, with a
+#                                        # transaction held open
+#
+# Run them one at a time: a transaction holding a transaction id (as
+# --hold-tx's does) is in every snapshot the server takes, in every
+# database, so it holds back the vacuum of every table, not only its own
+# database's.
 #
 # LABEL is added to the PostgreSQL run's label. PG_SETUP, when set, is run
 # on the PostgreSQL tables once created
@@ -29,7 +33,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-what=${1:?usage: bench-long.sh latency|postgres|mariadb|pair}
+what=${1:?usage: bench-long.sh latency|postgres|mariadb|done|hold}
 OUT=${OUT:-/var/tmp/sqlxbroker-bench}
 DURATION=${DURATION:-30m}
 INTERVAL=${INTERVAL:-10s}
@@ -42,22 +46,11 @@ PG=${SQLXBROKER_POSTGRES_DSN:-postgres://root@127.0.0.1:5432/test?sslmode=disabl
 MY=${SQLXBROKER_MYSQL_DSN:-root@tcp(127.0.0.1:3306)/test}
 case "$PG" in *\?*) PG="$PG&binary_parameters=yes" ;; *) PG="$PG?binary_parameters=yes" ;; esac
 case "$MY" in *\?*) MY="$MY&interpolateParams=true&tx_isolation=%27READ-COMMITTED%27" ;; *) MY="$MY?interpolateParams=true&tx_isolation=%27READ-COMMITTED%27" ;; esac
-# The held transaction's database: the PostgreSQL DSN's, renamed.
-HOLD_DB=sqlxbroker_hold
-PG_HOLD=$(printf '%s' "$PG" | sed -E "s#/[A-Za-z0-9_]+(\?|$)#/$HOLD_DB\1#")
-
 bin="$OUT/sqlxbroker"
 go build -o "$bin" ./cmd/sqlxbroker
 log="$OUT/long.log"
 jsonl="$OUT/long.jsonl"
 steady() { "$bin" bench --mode steady --json --commit-duration -1s --interval "$INTERVAL" "$@" >>"$jsonl" 2>>"$log"; }
-# both waits for the runs started in the background and fails if one did.
-both() {
-	local rc=0 pid
-	for pid in $(jobs -p); do wait "$pid" || rc=1; done
-	return $rc
-}
-
 case "$what" in
 latency)
 	for f in lease:100 advisory:100 row-lock:32; do
@@ -74,18 +67,18 @@ mariadb)
 	steady --driver mysql --dsn "$MY" --form lease --concurrency "$CONC" --rate "$MY_RATE" --duration "$DURATION" \
 		--table sxb_long_my --label "MariaDB lease, rows deleted, $MY_RATE/s"
 	;;
-pair)
-	psql "${PG%%\?*}" -Atc "SELECT 1 FROM pg_database WHERE datname = '$HOLD_DB'" | grep -q 1 ||
-		psql "${PG%%\?*}" -c "CREATE DATABASE $HOLD_DB" >/dev/null
+done)
 	steady --driver postgres --dsn "$PG" --form lease --concurrency "$CONC" --rate "$PG_RATE" --duration "$DURATION" \
 		--done-at --prune-every 10s --prune-age 10s --table sxb_long_done ${PG_SETUP:+--setup "$PG_SETUP"} \
-		--label "PostgreSQL lease, DoneAt pruned every 10 s, $PG_RATE/s" &
-	steady --driver postgres --dsn "$PG_HOLD" --form lease --concurrency "$CONC" --rate "$HOLD_RATE" --duration "$DURATION" \
-		--hold-tx --table sxb_long_hold --label "PostgreSQL lease, rows deleted, a transaction held open, $HOLD_RATE/s" &
-	both
+		--label "PostgreSQL lease, DoneAt pruned every 10 s, $PG_RATE/s${LABEL:+, $LABEL}"
+	;;
+hold)
+	steady --driver postgres --dsn "$PG" --form lease --concurrency "$CONC" --rate "$HOLD_RATE" --duration "$DURATION" \
+		--hold-tx --table sxb_long_hold ${PG_SETUP:+--setup "$PG_SETUP"} \
+		--label "PostgreSQL lease, rows deleted, a transaction held open, $HOLD_RATE/s${LABEL:+, $LABEL}"
 	;;
 *)
-	echo "bench-long.sh: unknown run $what (latency, postgres, mariadb or pair)" >&2
+	echo "bench-long.sh: unknown run $what (latency, postgres, mariadb, done or hold)" >&2
 	exit 2
 	;;
 esac
