@@ -53,7 +53,7 @@ jsonl="$OUT/long.jsonl"
 steady() { "$bin" bench --mode steady --json --commit-duration -1s --interval "$INTERVAL" "$@" >>"$jsonl" 2>>"$log"; }
 case "$what" in
 latency)
-	for f in lease:100 advisory:100 row-lock:32; do
+	for f in lease:100 advisory:32 advisory:16 row-lock:8 row-lock:32; do
 		steady --driver postgres --dsn "$PG" --form "${f%:*}" --concurrency "${f#*:}" --rate 1000 \
 			--duration 15s --interval 1s --backlog 100000 --prioritized --table sxb_latency \
 			--label "latency ${f%:*} ${f#*:} handlers, 100,000 backlog, prioritized"
