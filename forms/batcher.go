@@ -1,6 +1,9 @@
 package forms
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 const (
 	// maxBatch is the most completions (or renewals) written in one
@@ -11,20 +14,35 @@ const (
 )
 
 // batcher is the completion queue of the lease and advisory forms: Complete
-// adds a claim and returns; up to flushers goroutines take what has queued,
-// at most maxBatch at a time, and write it (flush), so whatever queues
-// while they are busy goes in the next batch. A slice under a mutex rather
-// than a channel, so a thousand handlers completing at once do not contend
-// on one channel. Each goroutine ends when the queue is empty.
+// adds a claim and returns; up to most goroutines take what has queued, at
+// most maxBatch at a time, and write it (flush), so whatever queues while
+// they are busy goes in the next batch. A slice under a mutex rather than a
+// channel, so a thousand handlers completing at once do not contend on one
+// channel. Each goroutine ends when the queue is empty.
+//
+// With linger set, a batch is collected before it is written: while
+// deliveries that were in work when the collection began (working) have not
+// all joined the queue, the one collecting goroutine waits for them, for at
+// most linger. The handlers of one claim mostly finish close together, and
+// their completions then go in one statement rather than the first few
+// alone and the rest after them. Only one goroutine collects; another
+// starts only while every one running is writing, so one batch is written
+// while the next grows.
 type batcher[T any] struct {
 	flush func([]T)
 	most  int // goroutines writing batches at most; 0: flushers
 
-	mu       sync.Mutex
-	queue    []T
-	flushing int  // goroutines writing batches
-	closed   bool // add refuses: the caller writes alone
-	wg       sync.WaitGroup
+	linger  time.Duration
+	working func() int // deliveries in work whose completions may join a batch
+
+	mu         sync.Mutex
+	queue      []T
+	flushing   int  // goroutines collecting or writing batches
+	collecting bool // one of them waits for its batch to grow
+	target     int  // the queue length that ends the collection
+	grown      chan struct{}
+	closed     bool // add refuses: the caller writes alone
+	wg         sync.WaitGroup
 }
 
 // add queues c for a batch; false once close was called.
@@ -35,11 +53,17 @@ func (b *batcher[T]) add(c T) bool {
 		return false
 	}
 	b.queue = append(b.queue, c)
+	if b.collecting && len(b.queue) >= b.target {
+		select {
+		case b.grown <- struct{}{}:
+		default:
+		}
+	}
 	most := b.most
 	if most == 0 {
 		most = flushers
 	}
-	start := b.flushing < most
+	start := !b.collecting && b.flushing < most
 	if start {
 		b.flushing++
 		b.wg.Add(1)
@@ -55,9 +79,13 @@ func (b *batcher[T]) run() {
 	defer b.wg.Done()
 	for {
 		b.mu.Lock()
+		if len(b.queue) > 0 && b.linger > 0 && !b.collecting {
+			b.collect()
+		}
 		n := min(len(b.queue), maxBatch)
-		if n == 0 {
-			b.queue = nil
+		if n == 0 || b.collecting {
+			// Nothing to write, or another goroutine collects what
+			// has queued: it writes that.
 			b.flushing--
 			b.mu.Unlock()
 			return
@@ -67,6 +95,33 @@ func (b *batcher[T]) run() {
 		b.mu.Unlock()
 		b.flush(batch)
 	}
+}
+
+// collect waits, with b.mu held on entry and on return, until the
+// deliveries in work when it began have joined the queue (or maxBatch
+// have queued), for at most linger.
+func (b *batcher[T]) collect() {
+	b.target = min(len(b.queue)+b.working(), maxBatch)
+	if len(b.queue) >= b.target {
+		return
+	}
+	if b.grown == nil {
+		b.grown = make(chan struct{}, 1)
+	}
+	select {
+	case <-b.grown: // a signal left from an earlier collection
+	default:
+	}
+	b.collecting = true
+	b.mu.Unlock()
+	t := time.NewTimer(b.linger)
+	select {
+	case <-b.grown:
+	case <-t.C:
+	}
+	t.Stop()
+	b.mu.Lock()
+	b.collecting = false
 }
 
 // close refuses further claims and returns once every queued one is

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -26,7 +27,8 @@ type lease struct {
 	wg       sync.WaitGroup
 	startOne sync.Once
 
-	batch batcher[*leaseClaim] // completions, written in batches by flush
+	batch   batcher[*leaseClaim] // completions, written in batches by flush
+	working atomic.Int64         // claims handed out and not yet completed
 
 	// clock is the host's clock (core.Now) the leases are written and
 	// compared with; tests skew it.
@@ -36,6 +38,8 @@ type lease struct {
 func newLease(b base) *lease {
 	f := &lease{base: b, dur: b.plan.Lease, active: map[*leaseClaim]struct{}{}, done: make(chan struct{}), clock: core.Now}
 	f.batch.flush = f.flush
+	f.batch.linger = completionLinger
+	f.batch.working = func() int { return int(f.working.Load()) }
 	return f
 }
 
@@ -90,6 +94,10 @@ func (f *lease) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	cs, err := f.claimOn(ctx, tx, tx, f.clock(), max)
 	return cs, f.conflict(err)
 }
+
+// completionLinger is the longest a lease completion batch waits for the
+// rest of the deliveries in work when it began (batcher.linger).
+const completionLinger = 2 * time.Millisecond
 
 // claimTimeout bounds a claim statement that a stop does not cut short.
 const claimTimeout = 30 * time.Second
@@ -162,6 +170,7 @@ func (f *lease) claimOn(ctx context.Context, q sqlx.ExtContext, tx *sqlx.Tx, now
 		}
 	}
 	out := make([]core.Claim, len(ds))
+	f.working.Add(int64(len(ds)))
 	f.mu.Lock()
 	for i, d := range ds {
 		c := &leaseClaim{f: f, row: d, token: deadline}
@@ -267,6 +276,7 @@ func (c *leaseClaim) finish() time.Time {
 // more.
 func (c *leaseClaim) Complete(ctx context.Context, o core.Outcome, done func(error)) {
 	c.o, c.done = o, done
+	c.f.working.Add(-1)
 	if !c.f.batch.add(c) {
 		done(c.f.completeOne(ctx, c, o))
 	}
