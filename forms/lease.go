@@ -260,12 +260,34 @@ func (c *leaseClaim) expire() {
 func (c *leaseClaim) finish() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.finished = true
-	c.timer.Stop()
 	c.f.mu.Lock()
 	delete(c.f.active, c)
 	c.f.mu.Unlock()
+	return c.stop()
+}
+
+// stop ends renewal and the expiry timer (c.mu held) and returns the token.
+func (c *leaseClaim) stop() time.Time {
+	c.finished = true
+	c.timer.Stop()
 	return c.token
+}
+
+// finishAll finishes a batch of claims (finish), taking the form's lock
+// once.
+func (f *lease) finishAll(batch []*leaseClaim) []time.Time {
+	tokens := make([]time.Time, len(batch))
+	for i, c := range batch {
+		c.mu.Lock() // one at a time: a renewal round holds several
+		tokens[i] = c.stop()
+		c.mu.Unlock()
+	}
+	f.mu.Lock()
+	for _, c := range batch {
+		delete(f.active, c)
+	}
+	f.mu.Unlock()
+	return tokens
 }
 
 // Complete queues the completion (batcher), written with what has queued
@@ -313,7 +335,12 @@ func (f *lease) fence(claims []*leaseClaim, tokens []time.Time) (string, []any) 
 	ids := make([]any, len(claims))
 	toks := make([]any, len(claims))
 	for i, c := range claims {
-		ids[i], toks[i] = c.row.ID, p.Time(tokens[i])
+		ids[i] = c.row.ID
+		if i > 0 && tokens[i].Equal(tokens[i-1]) {
+			toks[i] = toks[i-1] // a batch's tokens are mostly one claim's
+		} else {
+			toks[i] = p.Time(tokens[i])
+		}
 	}
 	return p.Caps.Leaser.FenceLeases(p, ids, toks)
 }
@@ -483,9 +510,9 @@ func (f *lease) flush(batch []*leaseClaim) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var wins []*leaseClaim
-	seen := make(map[string]bool, len(batch))
+	seen := make(map[any]bool, len(batch))
 	for _, r := range batch {
-		id := idKey(r.row.ID)
+		id := mapKey(r.row.ID)
 		if r.o.Kind != core.Succeeded || seen[id] {
 			// A row claimed twice by this form (its first lease lost)
 			// cannot be fenced twice in one statement.
@@ -509,10 +536,7 @@ func (f *lease) flush(batch []*leaseClaim) {
 // the statement's error.
 func (f *lease) succeed(ctx context.Context, batch []*leaseClaim) []error {
 	p := f.plan
-	tokens := make([]time.Time, len(batch))
-	for i, c := range batch {
-		tokens[i] = c.finish()
-	}
+	tokens := f.finishAll(batch)
 	head, args := "DELETE FROM "+p.QTable, []any(nil)
 	returning := p.Dialect.Features().DeleteReturning
 	if p.QDoneAt != "" {
