@@ -161,6 +161,9 @@ type Subscription struct {
 	rescan     core.Rescanner // the form's, when its claims must rescan on a wake-up
 	freed      chan struct{}
 	unreserved chan struct{} // a claim gave back handlers it reserved
+	queueMu    sync.Mutex
+	queue      []core.Claim // claimed, waiting for a worker (start, take)
+	sending    bool         // a worker is on its way to the queue
 	idleMu     sync.Mutex
 	idle       []idler        // idle workers, the first idle first
 	idleClosed bool           // claims have stopped: workers end
@@ -328,9 +331,7 @@ func (s *Subscription) loop(first bool) {
 		s.reserved.Add(int64(n))
 		s.reserveMu.Unlock()
 		claims, err := s.claim(n)
-		for _, c := range claims {
-			s.start(c)
-		}
+		s.start(claims)
 		s.reserved.Add(-int64(n))
 		if len(claims) < n && s.claimers > 1 {
 			// Handlers reserved and not filled are free again for a loop
@@ -444,31 +445,78 @@ func (s *Subscription) sleep(d time.Duration, also <-chan struct{}) {
 	}
 }
 
-// start hands c to an idle worker, or to a new one. Workers stay for the
-// next claim, so a busy subscription does not start a goroutine (and grow
-// its stack) per delivery; a worker idle for idleWorker ends. Idle workers
-// wait on channels of their own, so handing out a batch of claims does not
-// contend for one channel.
-func (s *Subscription) start(c core.Claim) {
-	s.claimed.Add(1)
-	s.inflight.Add(1)
+// start queues claims for the workers and sees that one is on its way to
+// them. Workers take claims from the queue (take): a worker that takes
+// one while more wait sends the next worker on (an idle one, or a new
+// one), and a worker whose delivery completes takes the next claim before
+// it goes idle. So a batch of claims reaches as many workers as its
+// handlers keep busy, one woken after another, while handlers that finish
+// at once run the batch on the few workers already awake instead of
+// waking a goroutine per claim. Workers stay for the next claim, so a busy
+// subscription does not start a goroutine (and grow its stack) per
+// delivery; a worker idle for idleWorker ends. Idle workers wait on
+// channels of their own.
+func (s *Subscription) start(claims []core.Claim) {
+	if len(claims) == 0 {
+		return
+	}
+	s.claimed.Add(int64(len(claims)))
+	s.inflight.Add(int64(len(claims)))
+	s.queueMu.Lock()
+	s.queue = append(s.queue, claims...)
+	send := !s.sending
+	s.sending = true
+	s.queueMu.Unlock()
+	if send {
+		s.sendWorker()
+	}
+}
+
+// take returns the next queued claim, nil when none waits. sent is true
+// for the worker sendWorker sent: it is on its way no more. A worker that
+// leaves claims waiting sends the next one on, unless one is on its way.
+func (s *Subscription) take(sent bool) core.Claim {
+	s.queueMu.Lock()
+	if sent {
+		s.sending = false
+	}
+	if len(s.queue) == 0 {
+		s.queueMu.Unlock()
+		return nil
+	}
+	c := s.queue[0]
+	s.queue[0] = nil
+	s.queue = s.queue[1:]
+	send := len(s.queue) > 0 && !s.sending
+	if send {
+		s.sending = true
+	}
+	s.queueMu.Unlock()
+	if send {
+		s.sendWorker()
+	}
+	return c
+}
+
+// sendWorker wakes an idle worker to take from the queue, or starts one.
+func (s *Subscription) sendWorker() {
 	s.idleMu.Lock()
 	if n := len(s.idle); n > 0 {
 		w := s.idle[n-1]
 		s.idle = s.idle[:n-1]
 		s.idleMu.Unlock()
-		w.c <- c // its buffer is free: the worker took the last claim sent
+		w.c <- true // its buffer is free: the worker took the last signal sent
 		return
 	}
 	s.idleMu.Unlock()
 	s.handlers.Add(1)
-	go s.worker(c)
+	go s.worker()
 }
 
 // idleWorker is how long a worker waits for its next claim.
 const idleWorker = 10 * time.Second
 
-func (s *Subscription) worker(c core.Claim) {
+func (s *Subscription) worker() {
 	defer s.handlers.Done()
 	// The worker's context ends with the subscription's hard stop; it then
 	// cancels the handler context of the delivery in work.
@@ -484,23 +532,27 @@ func (s *Subscription) worker(c core.Claim) {
 		}
 	})
 	defer stop()
-	me := make(chan core.Claim, 1)
+	me := make(chan bool, 1)
+	sent := true // started by sendWorker
 	for {
-		ctx := &handlerCtx{Context: base}
-		mu.Lock()
-		cur = ctx
-		mu.Unlock()
-		if err := base.Err(); err != nil {
-			ctx.cancel(err)
+		c := s.take(sent)
+		sent = false
+		for c != nil {
+			ctx := &handlerCtx{Context: base}
+			mu.Lock()
+			cur = ctx
+			mu.Unlock()
+			if err := base.Err(); err != nil {
+				ctx.cancel(err)
+			}
+			s.run(ctx, c)
+			ctx.cancel(context.Canceled)
+			if c = s.next(); c == nil {
+				s.inflight.Add(-1)
+				wake.Signal(s.freed)
+				c = s.take(false)
+			}
 		}
-		s.run(ctx, c)
-		ctx.cancel(context.Canceled)
-		if n := s.next(); n != nil {
-			c = n
-			continue
-		}
-		s.inflight.Add(-1)
-		wake.Signal(s.freed)
 		s.idleMu.Lock()
 		if s.idleClosed {
 			s.idleMu.Unlock()
@@ -508,9 +560,10 @@ func (s *Subscription) worker(c core.Claim) {
 		}
 		s.idle = append(s.idle, idler{me, time.Now()})
 		s.idleMu.Unlock()
-		if c = await(me); c == nil { // idle too long, or the subscription stops
+		if !await(me) { // idle too long, or the subscription stops
 			return
 		}
+		sent = true
 	}
 }
 
@@ -524,10 +577,11 @@ func (s *Subscription) worker(c core.Claim) {
 // times this.
 const parkedStack = 4 << 10
 
-// await waits for the worker's next claim in a frame of parkedStack bytes.
+// await waits, in a frame of parkedStack bytes, to be sent to the queue
+// (true) or ended (false).
 //
 //go:noinline
-func await(me chan core.Claim) core.Claim {
+func await(me chan bool) bool {
 	var frame [parkedStack]byte
 	inUse(&frame)
 	return <-me
@@ -540,7 +594,7 @@ func inUse(frame *[parkedStack]byte) { frame[0] = 1 }
 
 // idler is an idle worker's channel and when it went idle.
 type idler struct {
-	c     chan core.Claim
+	c     chan bool
 	since time.Time
 }
 
@@ -559,7 +613,7 @@ func (s *Subscription) trimIdle() {
 		s.idleMu.Lock()
 		n := 0
 		for n < len(s.idle) && s.idle[n].since.Before(old) {
-			s.idle[n].c <- nil
+			s.idle[n].c <- false
 			n++
 		}
 		s.idle = s.idle[n:]
@@ -567,14 +621,15 @@ func (s *Subscription) trimIdle() {
 	}
 }
 
-// closeIdle ends the idle workers once claims have stopped: each gets a nil
-// claim, and no worker goes idle again.
+// closeIdle ends the idle workers once claims have stopped, and no worker
+// goes idle again: the queue's last claims are taken by the workers that
+// are busy or on their way.
 func (s *Subscription) closeIdle() {
 	s.idleMu.Lock()
 	defer s.idleMu.Unlock()
 	s.idleClosed = true
 	for _, w := range s.idle {
-		w.c <- nil
+		w.c <- false
 	}
 	s.idle = nil
 }
