@@ -329,3 +329,51 @@ func TestEngineConflictsClaimAgain(t *testing.T) {
 		t.Errorf("%d conflicts counted of %d claims, every other one a conflict", lost, made)
 	}
 }
+
+// TestEngineQueueReachesEveryHandler: a batch of claims whose handlers
+// block reaches Concurrency workers at once (each worker that takes a
+// claim sends the next one on), and handlers that return at once drain
+// the rest; nothing is left in the queue.
+func TestEngineQueueReachesEveryHandler(t *testing.T) {
+	const conc, rows = 100, 1000
+	f := &memForm{traits: core.Traits{Batches: true}, total: rows, fin: make(chan struct{})}
+	f.left.Store(rows)
+	var running, most atomic.Int64
+	all := make(chan struct{})
+	var once atomic.Bool
+	h := func(ctx context.Context, d *Delivery) error {
+		n := running.Add(1)
+		defer running.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		if n == conc && once.CompareAndSwap(false, true) {
+			close(all)
+		}
+		select { // the first conc handlers wait for each other
+		case <-all:
+		case <-time.After(10 * time.Second):
+		}
+		return nil
+	}
+	s, err := subscribe(context.Background(), f, memTable, h, SubscribeParams{Concurrency: conc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-f.fin:
+	case <-time.After(time.Minute):
+		t.Fatalf("%d of %d completed in a minute", f.done.Load(), rows)
+	}
+	if err := s.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !once.Load() {
+		t.Errorf("at most %d handlers ran at once, want %d", most.Load(), conc)
+	}
+	if m := most.Load(); m > conc {
+		t.Errorf("%d handlers ran at once, more than Concurrency %d", m, conc)
+	}
+	if st := s.Stats(); st.Succeeded != rows || st.Claimed != rows {
+		t.Errorf("stats %+v, want %d claimed and succeeded", st, rows)
+	}
+}
