@@ -464,6 +464,17 @@ func (s *Subscription) start(claims []core.Claim) {
 	s.inflight.Add(int64(len(claims)))
 	s.queueMu.Lock()
 	s.queue = append(s.queue, claims...)
+	if !s.batching {
+		// A form that claims row by row holds each row with a
+		// transaction of its own, and every delivery waits on the
+		// database for its completion and its next row (next): each
+		// claim gets a worker at once.
+		s.queueMu.Unlock()
+		for range claims {
+			s.sendWorker()
+		}
+		return
+	}
 	send := !s.sending
 	s.sending = true
 	s.queueMu.Unlock()
@@ -473,8 +484,9 @@ func (s *Subscription) start(claims []core.Claim) {
 }
 
 // take returns the next queued claim, nil when none waits. sent is true
-// for the worker sendWorker sent: it is on its way no more. A worker that
-// leaves claims waiting sends the next one on, unless one is on its way.
+// for the worker sendWorker sent: it is on its way no more. In a form that
+// claims batches, a worker that leaves claims waiting sends the next one
+// on, unless one is on its way.
 func (s *Subscription) take(sent bool) core.Claim {
 	s.queueMu.Lock()
 	if sent {
@@ -487,7 +499,7 @@ func (s *Subscription) take(sent bool) core.Claim {
 	c := s.queue[0]
 	s.queue[0] = nil
 	s.queue = s.queue[1:]
-	send := len(s.queue) > 0 && !s.sending
+	send := s.batching && len(s.queue) > 0 && !s.sending
 	if send {
 		s.sending = true
 	}
