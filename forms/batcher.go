@@ -86,6 +86,9 @@ func (b *batcher[T]) run() {
 		if n == 0 || b.collecting {
 			// Nothing to write, or another goroutine collects what
 			// has queued: it writes that.
+			if n == 0 {
+				b.queue = nil // the written claims go with the old array
+			}
 			b.flushing--
 			b.mu.Unlock()
 			return

@@ -67,8 +67,7 @@ func (tb *testBatcher) sizes() []int {
 // TestBatcherCollects: with linger set, the completions of deliveries that
 // were in work together go in one batch, not the first alone and the rest
 // after it; a batch whose deliveries do not all finish is written once
-// linger has passed; without linger the first completion is written at
-// once, before the rest have queued.
+// linger has passed; without linger a completion is written at once.
 func TestBatcherCollects(t *testing.T) {
 	tb := newTestBatcher(5*time.Second, 500)
 	tb.together(500)
