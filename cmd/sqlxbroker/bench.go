@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -59,6 +60,11 @@ server's InnoDB row lock waits and rows read). --procs-compare N runs one
 process with --concurrency handlers, then N processes with a share of
 them each, on the same fill size, and prints the ratio of their rates.
 
+--rounds N repeats each comparison of --floor and --procs-compare N times,
+alternating which side runs first (the broker's drain or its floor; one
+process or several), and prints every round's ratio and their median: on a
+shared machine one pair of runs is not decisive.
+
 flags:
 `
 
@@ -100,9 +106,16 @@ func benchCmd(args []string) error {
 	fs.Var(&setup, "setup", "a statement to run once the table is created ({table}: its quoted name), e.g. per-table autovacuum settings; repeatable")
 	label := fs.String("label", "", "the run's name in charts over time (default: dialect and form)")
 	procsCompare := fs.Int("procs-compare", 0, "drain with 1 process of --concurrency handlers, then with this many of a share each; print the ratio")
+	cmpRounds := fs.Int("rounds", 1, "--floor, --procs-compare: run each comparison this many times, alternating which side runs first; print the ratios and their median")
 	_ = fs.Parse(args)
 	if *rounds < 1 {
 		return fmt.Errorf("bench: --otel-rounds %d: want at least 1", *rounds)
+	}
+	if *cmpRounds < 1 {
+		return fmt.Errorf("bench: --rounds %d: want at least 1", *cmpRounds)
+	}
+	if *cmpRounds > 1 && !*floor && *procsCompare == 0 {
+		return errors.New("bench: --rounds repeats the comparisons of --floor or --procs-compare; give one of them")
 	}
 	if *sample < 0 || *sample > 1 {
 		return fmt.Errorf("bench: --otel-sample %v: want a share from 0 to 1", *sample)
@@ -155,7 +168,7 @@ func benchCmd(args []string) error {
 		}
 		base := bench.Config{Driver: *driver, DSN: *dsn, Dialect: d, Rows: *rows, BatchSize: *batch, Keys: *keys,
 			Table: *table, Logf: logf, CommitDuration: -1}
-		return benchProcs(base, fl, cl, *procs, *procsCompare, *asJSON)
+		return benchProcs(base, fl, cl, *procs, *procsCompare, *cmpRounds, *asJSON)
 	}
 	var results []bench.Result
 	var compared []string
@@ -170,10 +183,16 @@ func benchCmd(args []string) error {
 				Traced: *withOtel || *compare, Interval: *interval, Backlog: *backlog, Prioritized: *prioritized,
 				DoneAt: *doneAt, PruneEvery: *pruneEvery, PruneAge: *pruneAge, HoldTx: *holdTx, Label: *label, Setup: setup}
 			var base, with []bench.Result
-			for round := range *rounds {
-				if !*compare && round > 0 {
-					break
-				}
+			n := 1
+			switch {
+			case *compare:
+				n = *rounds
+			case *floor && *mode == bench.Drain:
+				n = *cmpRounds
+			}
+			for round := range n {
+				c := c
+				c.FloorFirst = round%2 == 1 // alternate the floor's side too
 				order := []bool{false, true}
 				if round%2 == 1 { // alternate, so neither is always the second run
 					order = []bool{true, false}
@@ -223,6 +242,8 @@ func benchCmd(args []string) error {
 			}
 			if *compare {
 				compared = append(compared, compareLine(base, with))
+			} else if n > 1 {
+				compared = append(compared, floorLine(base))
 			}
 		}
 	}
@@ -413,6 +434,41 @@ func printWindows(rs []bench.Result) {
 		}
 		fmt.Println()
 	}
+}
+
+// floorLine sums up the rounds of --floor --rounds: each round's broker
+// over its floor, and the medians.
+func floorLine(rs []bench.Result) string {
+	ratios := make([]float64, len(rs))
+	var list []string
+	for i, r := range rs {
+		ratios[i] = r.OfFloor
+		list = append(list, fmt.Sprintf("%.2f", r.OfFloor))
+	}
+	return fmt.Sprintf("%s at %d, %d rounds (the floor first in every second): the broker over its floor %s; median %.2f (broker %.0f/s, floor %.0f/s, medians)",
+		rs[0].Form, rs[0].Concurrency, len(rs), strings.Join(list, ", "), median(ratios),
+		medianOf(rs, func(r bench.Result) float64 { return r.PerSecond }), medianOf(rs, func(r bench.Result) float64 { return r.FloorPerSec }))
+}
+
+// median is the middle of v (the mean of the two middle values of an even
+// count); v is sorted in place.
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	slices.Sort(v)
+	if n := len(v); n%2 == 0 {
+		return (v[n/2-1] + v[n/2]) / 2
+	}
+	return v[len(v)/2]
+}
+
+func medianOf(rs []bench.Result, f func(bench.Result) float64) float64 {
+	v := make([]float64, len(rs))
+	for i, r := range rs {
+		v[i] = f(r)
+	}
+	return median(v)
 }
 
 func ratio(a, b float64) float64 {

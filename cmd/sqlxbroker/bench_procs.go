@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 
 	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/internal/bench"
@@ -19,7 +20,8 @@ type procsCompare struct {
 	Procs       int                `json:"procs"`
 	One         *bench.ProcsResult `json:"one"`
 	Many        *bench.ProcsResult `json:"many"`
-	Ratio       float64            `json:"ratio"` // Many's deliveries/s over One's
+	Ratio       float64            `json:"ratio"`           // Many's deliveries/s over One's
+	Round       int                `json:"round,omitempty"` // of --rounds, from 1; in even rounds Many ran first
 }
 
 // benchWorkerCmd is the command of one worker process: this program in
@@ -27,8 +29,9 @@ type procsCompare struct {
 var benchWorkerCmd = func() *exec.Cmd { return exec.Command(os.Args[0], "bench-worker") }
 
 // benchProcs runs the multi-process drains of --procs or --procs-compare
-// for every form and concurrency.
-func benchProcs(base bench.Config, forms []sqlxbroker.Form, concs []int, procs, compare int, asJSON bool) error {
+// for every form and concurrency; a comparison rounds times, alternating
+// which side runs first.
+func benchProcs(base bench.Config, forms []sqlxbroker.Form, concs []int, procs, compare, rounds int, asJSON bool) error {
 	ctx := context.Background()
 	worker := benchWorkerCmd
 	run := func(f sqlxbroker.Form, k, n int) (*bench.ProcsResult, error) {
@@ -62,28 +65,56 @@ func benchProcs(base bench.Config, forms []sqlxbroker.Form, concs []int, procs, 
 			if k%compare != 0 {
 				return fmt.Errorf("bench: --procs-compare %d: --concurrency %d is not a multiple of it", compare, k)
 			}
-			one, err := run(f, k, 1)
-			if err != nil {
-				return err
-			}
-			many, err := run(f, k/compare, compare)
-			if err != nil {
-				return err
-			}
-			cmp := procsCompare{Form: f.String(), Concurrency: k, Procs: compare, One: one, Many: many, Ratio: many.PerSecond / one.PerSecond}
-			cmps = append(cmps, cmp)
-			all = append(all, one, many)
-			if asJSON {
-				line, _ := json.Marshal(cmp)
-				fmt.Println(string(line))
+			for round := range rounds {
+				var one, many *bench.ProcsResult
+				for _, first := range []bool{round%2 == 0, round%2 == 1} { // true: one process
+					n, handlers := compare, k/compare
+					if first {
+						n, handlers = 1, k
+					}
+					r, err := run(f, handlers, n)
+					if err != nil {
+						return err
+					}
+					if first {
+						one = r
+					} else {
+						many = r
+					}
+				}
+				cmp := procsCompare{Form: f.String(), Concurrency: k, Procs: compare, One: one, Many: many, Ratio: many.PerSecond / one.PerSecond}
+				if rounds > 1 {
+					cmp.Round = round + 1
+				}
+				cmps = append(cmps, cmp)
+				all = append(all, one, many)
+				if asJSON {
+					line, _ := json.Marshal(cmp)
+					fmt.Println(string(line))
+				}
 			}
 		}
 	}
 	if !asJSON {
 		printProcs(all)
 		for _, c := range cmps {
-			fmt.Printf("%s: %d processes x %d handlers %.0f/s, 1 x %d %.0f/s: ratio %.2f\n",
-				c.Form, c.Procs, c.Concurrency/c.Procs, c.Many.PerSecond, c.Concurrency, c.One.PerSecond, c.Ratio)
+			round := ""
+			if c.Round > 0 {
+				round = fmt.Sprintf(" (round %d)", c.Round)
+			}
+			fmt.Printf("%s%s: %d processes x %d handlers %.0f/s, 1 x %d %.0f/s: ratio %.2f\n",
+				c.Form, round, c.Procs, c.Concurrency/c.Procs, c.Many.PerSecond, c.Concurrency, c.One.PerSecond, c.Ratio)
+		}
+		for i := 0; rounds > 1 && i < len(cmps); i += rounds {
+			set := cmps[i : i+rounds]
+			var list []string
+			ratios := make([]float64, len(set))
+			for j, c := range set {
+				ratios[j] = c.Ratio
+				list = append(list, fmt.Sprintf("%.2f", c.Ratio))
+			}
+			fmt.Printf("%s, %d processes over 1 at %d handlers, %d rounds (the processes first in every second): %s; median %.2f\n",
+				set[0].Form, set[0].Procs, set[0].Concurrency, rounds, strings.Join(list, ", "), median(ratios))
 		}
 	}
 	return nil

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,10 +12,11 @@ import (
 	"github.com/sqlxbroker/sqlxbroker/internal/bench"
 )
 
-// TestBenchProcsCompare runs `bench --procs-compare 2 --json` on an SQLite
-// file: one process with all the handlers, then two with half each, every
-// row delivered in both, and the ratio printed is theirs. Its workers are
-// this test binary again (bench.WorkerEnv set).
+// TestBenchProcsCompare runs `bench --procs-compare 2 --rounds 2 --json` on
+// an SQLite file: two rounds of one process with all the handlers against
+// two with half each, every row delivered in each run, and the ratio
+// printed is theirs. Its workers are this test binary again
+// (bench.WorkerEnv set).
 func TestBenchProcsCompare(t *testing.T) {
 	if os.Getenv(bench.WorkerEnv) != "" {
 		if err := benchWorker(); err != nil {
@@ -34,17 +36,31 @@ func TestBenchProcsCompare(t *testing.T) {
 	stdout := os.Stdout
 	os.Stdout = f
 	err = benchCmd([]string{"--driver", "sqlite", "--dsn", filepath.Join(t.TempDir(), "b.db"), "--form", "lease",
-		"--concurrency", "8", "--rows", "600", "--procs-compare", "2", "--json", "--table", "sxb_cli_procs"})
+		"--concurrency", "8", "--rows", "600", "--procs-compare", "2", "--rounds", "2", "--json", "--table", "sxb_cli_procs"})
 	os.Stdout = stdout
 	f.Close()
 	if err != nil {
 		t.Fatal(err)
 	}
 	text, _ := os.ReadFile(out)
-	var c procsCompare
-	if err := json.Unmarshal([]byte(strings.TrimSpace(string(text))), &c); err != nil {
-		t.Fatalf("not one JSON line: %v\n%s", err, text)
+	lines := strings.Split(strings.TrimSpace(string(text)), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("%d JSON lines, want one per round (2):\n%s", len(lines), text)
 	}
+	for i, line := range lines {
+		var c procsCompare
+		if err := json.Unmarshal([]byte(line), &c); err != nil {
+			t.Fatalf("line %d: %v\n%s", i+1, err, line)
+		}
+		if c.Round != i+1 {
+			t.Errorf("line %d: round %d", i+1, c.Round)
+		}
+		checkProcsCompare(t, c)
+	}
+}
+
+func checkProcsCompare(t *testing.T, c procsCompare) {
+	t.Helper()
 	if c.One == nil || c.Many == nil || c.One.Procs != 1 || c.One.Concurrency != 8 || c.Many.Procs != 2 || c.Many.Concurrency != 4 {
 		t.Fatalf("runs: %+v", c)
 	}
@@ -67,10 +83,57 @@ func TestBenchProcsBadInput(t *testing.T) {
 		{[]string{"--procs-compare", "3", "--concurrency", "8"}, "not a multiple"},
 		{[]string{"--procs", "2", "--procs-compare", "2"}, "exclude each other"},
 		{[]string{"--procs", "2", "--mode", "steady"}, "drains only"},
+		{[]string{"--rounds", "3"}, "--rounds repeats the comparisons of --floor or --procs-compare"},
+		{[]string{"--rounds", "0", "--floor"}, "--rounds 0: want at least 1"},
 	} {
 		err := benchCmd(append([]string{"--driver", "sqlite", "--dsn", dsn, "--form", "lease", "--table", "sxb_cli_procs"}, c.args...))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: %v, want an error saying %q", c.args, err, c.want)
 		}
+	}
+}
+
+// TestBenchFloorRounds runs `bench --floor --rounds 2 --json` on an SQLite
+// file: two drains of the lease form, each with its floor (the floor first
+// in the second), every row delivered, and each round's ratio is its own
+// drain over its own floor.
+func TestBenchFloorRounds(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "out")
+	f, err := os.Create(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout := os.Stdout
+	os.Stdout = f
+	err = benchCmd([]string{"--driver", "sqlite", "--dsn", filepath.Join(t.TempDir(), "b.db"), "--form", "lease",
+		"--concurrency", "8", "--rows", "600", "--floor", "--rounds", "2", "--commit-duration", "-1s", "--json", "--table", "sxb_cli_floor"})
+	os.Stdout = stdout
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, _ := os.ReadFile(out)
+	lines := strings.Split(strings.TrimSpace(string(text)), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("%d JSON lines, want one per round (2):\n%s", len(lines), text)
+	}
+	var rs []bench.Result
+	for i, line := range lines {
+		var r bench.Result
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("line %d: %v\n%s", i+1, err, line)
+		}
+		if r.Rows != 600 || r.Errors != 0 || r.PerSecond <= 0 || r.FloorPerSec <= 0 || r.OfFloor != r.PerSecond/r.FloorPerSec {
+			t.Errorf("round %d: %d rows, %d errors, %.0f/s, floor %.0f/s, of floor %v", i+1, r.Rows, r.Errors, r.PerSecond, r.FloorPerSec, r.OfFloor)
+		}
+		if r.FloorFirst != (i == 1) {
+			t.Errorf("round %d: floor first %v", i+1, r.FloorFirst)
+		}
+		rs = append(rs, r)
+	}
+	line := floorLine(rs)
+	want := fmt.Sprintf("%.2f, %.2f; median %.2f", rs[0].OfFloor, rs[1].OfFloor, (rs[0].OfFloor+rs[1].OfFloor)/2)
+	if !strings.Contains(line, want) {
+		t.Errorf("summary %q does not hold %q", line, want)
 	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"slices"
 
 	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/internal/bench"
@@ -126,21 +125,10 @@ func sameRows() *bench.Adapter {
 // (base) and with it: the median rates and CPU per delivery (medians: on a
 // shared machine one run in several can be far off).
 func compareLine(base, with []bench.Result) string {
-	median := func(rs []bench.Result, f func(bench.Result) float64) float64 {
-		v := make([]float64, len(rs))
-		for i, r := range rs {
-			v[i] = f(r)
-		}
-		slices.Sort(v)
-		if n := len(v); n%2 == 0 {
-			return (v[n/2-1] + v[n/2]) / 2
-		}
-		return v[len(v)/2]
-	}
 	rate := func(r bench.Result) float64 { return r.PerSecond }
 	cpu := func(r bench.Result) float64 { return r.CPUMicros }
-	b, w := median(base, rate), median(with, rate)
-	bc, wc := median(base, cpu), median(with, cpu)
+	b, w := medianOf(base, rate), medianOf(with, rate)
+	bc, wc := medianOf(base, cpu), medianOf(with, cpu)
 	return fmt.Sprintf("%s at %d, %d round(s), medians: without %.0f/s, with otelbroker %.0f/s: %.3f of the rate (%+.1f%%); CPU %.1f vs %.1f us/delivery (%+.1f%%)",
 		base[0].Form, base[0].Concurrency, len(base), b, w, w/b, (w/b-1)*100, bc, wc, (wc/bc-1)*100)
 }

@@ -105,6 +105,11 @@ type Config struct {
 	// alone: RowLockFloor over the commit loop's connections, LeaseFloor,
 	// AdvisoryFloor.
 	Floor bool
+	// FloorFirst runs the floor before the drain rather than after it, so
+	// that rounds of a comparison can alternate which side runs first. The
+	// row-lock floor then uses c.Concurrency connections (the commit loop,
+	// which it otherwise follows, has not counted the drain's peak yet).
+	FloorFirst bool
 
 	// Table names the table to (re)create; default "sqlxbroker_bench".
 	Table string
@@ -181,6 +186,7 @@ type Result struct {
 	FloorRatio    float64 `json:"floor_ratio,omitempty"`       // FloorPerSec / CommitsPerSec
 	FloorCPU      float64 `json:"cpu_us_per_floor,omitempty"`  // this process's CPU per row of the floor, the fill left out
 	OfFloor       float64 `json:"of_floor,omitempty"`          // PerSecond / FloorPerSec
+	FloorFirst    bool    `json:"floor_first,omitempty"`       // the floor ran before the drain (Config.FloorFirst)
 	Errors        int64   `json:"errors"`                      // claim and completion errors, lost leases
 	Traced        bool    `json:"traced,omitempty"`            // the table had ReadyAt and Metadata columns (Config.Traced)
 	Adapter       string  `json:"adapter,omitempty"`           // the adapter that instrumented the run (Config.Adapter)
@@ -343,6 +349,12 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 
 	switch c.Mode {
 	case Drain:
+		if c.Floor && c.FloorFirst {
+			r.FloorFirst = true
+			if err := runFloor(ctx, c, db, r); err != nil {
+				return nil, err
+			}
+		}
 		err = drain(ctx, c, b, t, r)
 	case Steady:
 		err = steady(ctx, c, b, t, r)
@@ -376,24 +388,12 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 			r.CommitCPU = float64((cpuTime() - before).Microseconds()) / commits
 		}
 	}
-	if c.Floor && c.Mode == Drain {
-		var cpu time.Duration
-		switch c.Form {
-		case sqlxbroker.RowLock:
-			r.FloorConns = max(r.CommitConns, c.Concurrency)
-			c.Logf("row-lock floor: the form's statements alone over %d connections", r.FloorConns)
-			r.FloorPerSec, cpu, err = RowLockFloor(ctx, c, db, r.FloorConns)
-		case sqlxbroker.Lease:
-			c.Logf("lease floor: the form's statements alone, claims of %d rows", floorClaimSize(c))
-			r.FloorPerSec, r.FloorConns, cpu, err = LeaseFloor(ctx, c, db)
-		case sqlxbroker.Advisory:
-			c.Logf("advisory floor: the form's statements alone, claims of %d rows", floorClaimSize(c))
-			r.FloorPerSec, r.FloorConns, cpu, err = AdvisoryFloor(ctx, c, db)
-		}
-		if err != nil {
+	if c.Floor && c.Mode == Drain && !c.FloorFirst {
+		if err := runFloor(ctx, c, db, r); err != nil {
 			return nil, err
 		}
-		r.FloorCPU = float64(cpu.Microseconds()) / float64(c.Rows)
+	}
+	if r.FloorPerSec > 0 {
 		r.OfFloor = r.PerSecond / r.FloorPerSec
 	}
 	if r.CommitsPerSec > 0 {
@@ -401,6 +401,30 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 		r.FloorRatio = r.FloorPerSec / r.CommitsPerSec
 	}
 	return r, nil
+}
+
+// runFloor drains a table of its own with the form's statements alone
+// and records the rate in r.
+func runFloor(ctx context.Context, c Config, db *sqlx.DB, r *Result) error {
+	var cpu time.Duration
+	var err error
+	switch c.Form {
+	case sqlxbroker.RowLock:
+		r.FloorConns = max(r.CommitConns, c.Concurrency)
+		c.Logf("row-lock floor: the form's statements alone over %d connections", r.FloorConns)
+		r.FloorPerSec, cpu, err = RowLockFloor(ctx, c, db, r.FloorConns)
+	case sqlxbroker.Lease:
+		c.Logf("lease floor: the form's statements alone, claims of %d rows", floorClaimSize(c))
+		r.FloorPerSec, r.FloorConns, cpu, err = LeaseFloor(ctx, c, db)
+	case sqlxbroker.Advisory:
+		c.Logf("advisory floor: the form's statements alone, claims of %d rows", floorClaimSize(c))
+		r.FloorPerSec, r.FloorConns, cpu, err = AdvisoryFloor(ctx, c, db)
+	}
+	if err != nil {
+		return err
+	}
+	r.FloorCPU = float64(cpu.Microseconds()) / float64(c.Rows)
+	return nil
 }
 
 // open opens a pool that keeps as many idle connections as a run can use:
