@@ -88,13 +88,7 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	p := f.plan
 	f.awaitBatch(ctx)
 	where, args := p.Ready(p.Alias, core.Now())
-	cols := p.Alias + "." + p.QID
-	for _, k := range p.OrderKeys {
-		cols += ", " + p.Alias + "." + k.Q
-	}
-	for _, k := range p.QKeyCols {
-		cols += ", " + p.Alias + "." + k
-	}
+	cols := f.candidateCols()
 	// The rows of this form's own deliveries are still claimable (their
 	// keys are what hold them) and mostly lie behind the cursor (see
 	// cursor), where the last claims found rows: a claim reads from there
@@ -134,6 +128,28 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 		// at once (the cursor's rows were tried already).
 	}
 	return out, nil
+}
+
+// candidateCols is the select list of a page of candidates: the ID, the
+// order columns and the key's columns, each once (the ID is mostly the
+// order too; every value is decoded and kept per candidate).
+func (f *advisory) candidateCols() string {
+	p := f.plan
+	seen := map[string]bool{p.QID: true}
+	cols := p.Alias + "." + p.QID
+	add := func(q string) {
+		if !seen[q] {
+			seen[q] = true
+			cols += ", " + p.Alias + "." + q
+		}
+	}
+	for _, k := range p.OrderKeys {
+		add(k.Q)
+	}
+	for _, k := range p.QKeyCols {
+		add(k)
+	}
+	return cols
 }
 
 // batchWait is the longest a claim waits for a completion batch being

@@ -344,8 +344,12 @@ func printResults(rs []bench.Result) {
 	fmt.Printf("\n(commits/s: the raw commit loop over as many connections as the run's peak)\n")
 	for _, r := range rs {
 		if r.FloorPerSec > 0 {
-			fmt.Printf("%s at %d: the form's statements alone %.0f/s on %d connections (%.2f of commits/s); the broker %.2f of that\n",
-				r.Form, r.Concurrency, r.FloorPerSec, r.FloorConns, r.FloorRatio, r.OfFloor)
+			commits := "" // no commit loop, no ratio to it
+			if r.FloorRatio > 0 {
+				commits = fmt.Sprintf(" (%.2f of commits/s)", r.FloorRatio)
+			}
+			fmt.Printf("%s at %d: the form's statements alone %.0f/s on %d connections%s; the broker %.2f of that\n",
+				r.Form, r.Concurrency, r.FloorPerSec, r.FloorConns, commits, r.OfFloor)
 		}
 	}
 }
