@@ -60,6 +60,12 @@ server's InnoDB row lock waits and rows read). --procs-compare N runs one
 process with --concurrency handlers, then N processes with a share of
 them each, on the same fill size, and prints the ratio of their rates.
 
+--share-cpus gives each worker process GOMAXPROCS of its share of the
+machine's CPUs (CPUs / processes, at least 1): four Go runtimes that each
+schedule on every CPU of a two-CPU machine spend much of it on their own
+scheduling and collection, where four hosts or containers with their own
+limits would not.
+
 --rounds N repeats each comparison of --floor and --procs-compare N times,
 alternating which side runs first (the broker's drain or its floor; one
 process or several), and prints every round's ratio and their median: on a
@@ -106,6 +112,7 @@ func benchCmd(args []string) error {
 	fs.Var(&setup, "setup", "a statement to run once the table is created ({table}: its quoted name), e.g. per-table autovacuum settings; repeatable")
 	label := fs.String("label", "", "the run's name in charts over time (default: dialect and form)")
 	procsCompare := fs.Int("procs-compare", 0, "drain with 1 process of --concurrency handlers, then with this many of a share each; print the ratio")
+	shareCPUs := fs.Bool("share-cpus", false, "--procs, --procs-compare: each worker process's GOMAXPROCS is its share of the machine's CPUs (CPUs / processes, at least 1), as separate hosts' or containers' limits would give")
 	cmpRounds := fs.Int("rounds", 1, "--floor, --procs-compare: run each comparison this many times, alternating which side runs first; print the ratios and their median")
 	_ = fs.Parse(args)
 	if *rounds < 1 {
@@ -168,7 +175,7 @@ func benchCmd(args []string) error {
 		}
 		base := bench.Config{Driver: *driver, DSN: *dsn, Dialect: d, Rows: *rows, BatchSize: *batch, Keys: *keys,
 			Table: *table, Logf: logf, CommitDuration: -1}
-		return benchProcs(base, fl, cl, *procs, *procsCompare, *cmpRounds, *asJSON)
+		return benchProcs(base, fl, cl, *procs, *procsCompare, *cmpRounds, *shareCPUs, *asJSON)
 	}
 	var results []bench.Result
 	var compared []string

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 
 	"github.com/sqlxbroker/sqlxbroker"
@@ -31,12 +32,15 @@ var benchWorkerCmd = func() *exec.Cmd { return exec.Command(os.Args[0], "bench-w
 // benchProcs runs the multi-process drains of --procs or --procs-compare
 // for every form and concurrency; a comparison rounds times, alternating
 // which side runs first.
-func benchProcs(base bench.Config, forms []sqlxbroker.Form, concs []int, procs, compare, rounds int, asJSON bool) error {
+func benchProcs(base bench.Config, forms []sqlxbroker.Form, concs []int, procs, compare, rounds int, shareCPUs, asJSON bool) error {
 	ctx := context.Background()
 	worker := benchWorkerCmd
 	run := func(f sqlxbroker.Form, k, n int) (*bench.ProcsResult, error) {
 		c := base
 		c.Form, c.Concurrency = f, k
+		if shareCPUs {
+			c.WorkerMaxProcs = max(1, runtime.NumCPU()/n)
+		}
 		if !asJSON {
 			fmt.Fprintf(os.Stderr, "%s drain, %d processes x %d handlers\n", f, n, k)
 		}
@@ -131,8 +135,12 @@ func printProcs(rs []*bench.ProcsResult) {
 			}
 			per += fmt.Sprintf("%.0f, %d, %.0f", p.PerSecond, p.Deliveries, p.CPUMicros)
 		}
-		fmt.Printf("| %s | %d x %d | %d | %.0f | %.2f | %d | %.1f | %d | %s |\n",
-			r.Form, r.Procs, r.Concurrency, r.Rows, r.PerSecond, r.P99Ms, r.PeakConns, r.CPUMicros, r.Errors, per)
+		maxProcs := ""
+		if len(r.PerProcess) > 0 && r.PerProcess[0].MaxProcs != runtime.NumCPU() {
+			maxProcs = fmt.Sprintf(" (GOMAXPROCS %d)", r.PerProcess[0].MaxProcs)
+		}
+		fmt.Printf("| %s | %d x %d%s | %d | %.0f | %.2f | %d | %.1f | %d | %s |\n",
+			r.Form, r.Procs, r.Concurrency, maxProcs, r.Rows, r.PerSecond, r.P99Ms, r.PeakConns, r.CPUMicros, r.Errors, per)
 	}
 	fmt.Println()
 	for _, r := range rs {

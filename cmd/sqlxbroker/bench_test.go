@@ -6,16 +6,18 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/sqlxbroker/sqlxbroker/internal/bench"
 )
 
-// TestBenchProcsCompare runs `bench --procs-compare 2 --rounds 2 --json` on
-// an SQLite file: two rounds of one process with all the handlers against
-// two with half each, every row delivered in each run, and the ratio
-// printed is theirs. Its workers are this test binary again
+// TestBenchProcsCompare runs `bench --procs-compare 2 --rounds 2
+// --share-cpus --json` on an SQLite file: two rounds of one process with
+// all the handlers against two with half each, every row delivered in each
+// run, the ratio printed is theirs, and each worker ran with its share of
+// the CPUs. Its workers are this test binary again
 // (bench.WorkerEnv set).
 func TestBenchProcsCompare(t *testing.T) {
 	if os.Getenv(bench.WorkerEnv) != "" {
@@ -36,7 +38,7 @@ func TestBenchProcsCompare(t *testing.T) {
 	stdout := os.Stdout
 	os.Stdout = f
 	err = benchCmd([]string{"--driver", "sqlite", "--dsn", filepath.Join(t.TempDir(), "b.db"), "--form", "lease",
-		"--concurrency", "8", "--rows", "600", "--procs-compare", "2", "--rounds", "2", "--json", "--table", "sxb_cli_procs"})
+		"--concurrency", "8", "--rows", "600", "--procs-compare", "2", "--rounds", "2", "--share-cpus", "--json", "--table", "sxb_cli_procs"})
 	os.Stdout = stdout
 	f.Close()
 	if err != nil {
@@ -69,6 +71,14 @@ func checkProcsCompare(t *testing.T, c procsCompare) {
 	}
 	if c.Ratio != c.Many.PerSecond/c.One.PerSecond || c.Ratio <= 0 {
 		t.Errorf("ratio %v, want %v", c.Ratio, c.Many.PerSecond/c.One.PerSecond)
+	}
+	for _, r := range []*bench.ProcsResult{c.One, c.Many} {
+		want := max(1, runtime.NumCPU()/r.Procs)
+		for _, p := range r.PerProcess {
+			if p.MaxProcs != want {
+				t.Errorf("%d processes: worker %d ran with GOMAXPROCS %d, want %d (--share-cpus)", r.Procs, p.Index, p.MaxProcs, want)
+			}
+		}
 	}
 }
 

@@ -105,6 +105,11 @@ type Config struct {
 	// alone: RowLockFloor over the commit loop's connections, LeaseFloor,
 	// AdvisoryFloor.
 	Floor bool
+	// WorkerMaxProcs, for RunProcs, sets each worker process's GOMAXPROCS
+	// (0: Go's default, every CPU of the machine). Processes that share
+	// a machine share its CPUs, as their hosts' or containers' CPU
+	// limits would divide them.
+	WorkerMaxProcs int
 	// FloorFirst runs the floor before the drain rather than after it, so
 	// that rounds of a comparison can alternate which side runs first. The
 	// row-lock floor then uses c.Concurrency connections (the commit loop,

@@ -9,7 +9,9 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -51,6 +53,7 @@ type ProcResult struct {
 	PeakRSSMB  float64 `json:"peak_rss_mb"`
 	CPUMicros  float64 `json:"cpu_us_per_delivery"`
 	Errors     int64   `json:"errors"`
+	MaxProcs   int     `json:"gomaxprocs"` // the worker's runtime.GOMAXPROCS
 }
 
 // Contention is what the database said about the claim statements while a
@@ -172,6 +175,9 @@ func RunProcs(ctx context.Context, c Config, procs int, command func() *exec.Cmd
 			Concurrency: c.Concurrency, BatchSize: c.BatchSize, Table: c.Table})
 		cmd := command()
 		cmd.Env = append(os.Environ(), WorkerEnv+"="+string(spec))
+		if c.WorkerMaxProcs > 0 {
+			cmd.Env = append(cmd.Env, "GOMAXPROCS="+strconv.Itoa(c.WorkerMaxProcs))
+		}
 		if ws[i], err = startWorker(cmd); err != nil {
 			return nil, fmt.Errorf("bench: worker %d: %w", i, err)
 		}
@@ -509,7 +515,7 @@ loop:
 	fillResult(&r, s.Stats(), &pb.lat)
 	r.Deliveries = pb.done.Load()
 	w.perDelivery(&r)
-	pr := &ProcResult{Index: index, Pid: os.Getpid(), Deliveries: r.Deliveries, BeginNS: begin.UnixNano(), LastNS: lastNS.Load(),
+	pr := &ProcResult{Index: index, Pid: os.Getpid(), MaxProcs: runtime.GOMAXPROCS(0), Deliveries: r.Deliveries, BeginNS: begin.UnixNano(), LastNS: lastNS.Load(),
 		P50Ms: r.P50Ms, P99Ms: r.P99Ms, PeakConns: r.PeakConns, PeakRSSMB: r.PeakRSSMB, CPUMicros: r.CPUMicros, Errors: r.Errors}
 	if pr.LastNS == 0 {
 		pr.LastNS = pr.BeginNS
