@@ -5,10 +5,12 @@
 # (--procs-compare 4: lease and advisory 1 x 1,000 handlers against
 # 4 x 250, row lock 1 x 32 against 4 x 8), then the lease and advisory
 # forms against their floors (--floor) at 64 and 1,000 handlers. Each
-# comparison is made within one run. The output is kept in $OUT/scale.log
-# (default /var/tmp/sqlxbroker-bench).
+# comparison runs ROUNDS times (--rounds: alternating which side runs
+# first, the median printed); the process comparisons run twice, with each
+# worker on Go's default GOMAXPROCS and with --share-cpus. The output is
+# kept in $OUT/scale.log (default /var/tmp/sqlxbroker-bench).
 #
-#   bash scripts/bench-scale.sh            # both databases, REPS=2 rounds
+#   bash scripts/bench-scale.sh            # both databases, ROUNDS=3
 #   bash scripts/bench-scale.sh postgres   # one of them
 #
 # DSNs as scripts/bench-sweep.sh sets them.
@@ -16,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 what=${1:-all}
-REPS=${REPS:-2}
+ROUNDS=${ROUNDS:-3}
 OUT=${OUT:-/var/tmp/sqlxbroker-bench}
 mkdir -p "$OUT"
 PG=${SQLXBROKER_POSTGRES_DSN:-postgres://root@127.0.0.1:5432/test?sslmode=disable}
@@ -40,10 +42,10 @@ for db in postgres mysql; do
 	postgres) dsn=$PG; big=100000; adv=50000; rl=20000 ;;
 	mysql) dsn=$MY; big=50000; adv=10000; rl=10000 ;;
 	esac
-	for i in $(seq 1 "$REPS"); do
-		run "$db procs lease" --driver $db --dsn "$dsn" --form lease --concurrency 1000 --rows $big --procs-compare 4
-		run "$db procs row-lock" --driver $db --dsn "$dsn" --form row-lock --concurrency 32 --rows $rl --procs-compare 4
-		run "$db procs advisory" --driver $db --dsn "$dsn" --form advisory --concurrency 1000 --rows $adv --procs-compare 4
-		run "$db floors" --driver $db --dsn "$dsn" --form lease,advisory --concurrency 64,1000 --rows $adv --floor --commit-duration 1s
+	for share in "" --share-cpus; do
+		run "$db procs lease $share" --driver $db --dsn "$dsn" --form lease --concurrency 1000 --rows $big --procs-compare 4 --rounds "$ROUNDS" $share
+		run "$db procs row-lock $share" --driver $db --dsn "$dsn" --form row-lock --concurrency 32 --rows $rl --procs-compare 4 --rounds "$ROUNDS" $share
+		run "$db procs advisory $share" --driver $db --dsn "$dsn" --form advisory --concurrency 1000 --rows $adv --procs-compare 4 --rounds "$ROUNDS" $share
 	done
+	run "$db floors" --driver $db --dsn "$dsn" --form lease,advisory --concurrency 64,1000 --rows $adv --floor --rounds $((ROUNDS + 2)) --commit-duration -1s
 done
