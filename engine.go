@@ -203,6 +203,9 @@ func subscribe(ctx context.Context, form core.ClaimForm, t Table, h Handler, p S
 	s.batching, s.claimers = tr.Batches, 1
 	if s.batching {
 		s.claimers = max(1, tr.ClaimsAtOnce)
+		if tr.ClaimsAtOnceBelow > 0 && s.p.BatchSize >= tr.ClaimsAtOnceBelow {
+			s.claimers = 1
+		}
 	}
 	s.claimCtx, s.stopClaims = context.WithCancel(context.Background())
 	s.hardCtx, s.hardCancel = context.WithCancel(context.Background())

@@ -294,6 +294,39 @@ func TestEnginePipelinedClaims(t *testing.T) {
 	}
 }
 
+// TestEngineClaimsAtOnceBelow: a form whose claims run two at once only
+// for batches under ClaimsAtOnceBelow rows gets two at once with smaller
+// batches and one at a time from that size on, every row handled once.
+func TestEngineClaimsAtOnceBelow(t *testing.T) {
+	for _, c := range []struct{ batch, want int64 }{{8, 2}, {16, 1}, {32, 1}} {
+		const n = 2000
+		f := &pipeForm{slow: 2 * time.Millisecond}
+		f.traits, f.total, f.fin = core.Traits{Batches: true, ClaimsAtOnce: 2, ClaimsAtOnceBelow: 16}, n, make(chan struct{})
+		f.left.Store(n)
+		s, err := subscribe(context.Background(), f, memTable, func(ctx context.Context, d *Delivery) error {
+			time.Sleep(time.Millisecond)
+			return nil
+		}, SubscribeParams{Concurrency: 32, BatchSize: int(c.batch), PollInterval: 50 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-f.fin:
+		case <-time.After(time.Minute):
+			t.Fatalf("%d of %d completed in a minute", f.done.Load(), n)
+		}
+		if err := s.Stop(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if st := s.Stats(); st.Succeeded != n || st.Claimed != n {
+			t.Errorf("batches of %d: stats %+v, want %d claimed and succeeded", c.batch, st, n)
+		}
+		if got := f.maxClaims.Load(); got != c.want {
+			t.Errorf("batches of %d: at most %d claims ran at once, want %d", c.batch, got, c.want)
+		}
+	}
+}
+
 // conflictForm is a memForm whose every other claim loses to a concurrent
 // transaction (ErrConflict) and delivers nothing.
 type conflictForm struct {

@@ -117,9 +117,14 @@ type Claim interface {
 // engine waits for half a batch of free handlers (else it claims as soon as
 // one is free). ClaimsAtOnce: how many claims of a batching form may run at
 // once, each for handlers of its own (1 or less: one at a time).
+// ClaimsAtOnceBelow, when above 0, runs more than one claim at once only for
+// subscriptions whose batches (SubscribeParams.BatchSize) are smaller: a
+// small claim costs its round trips, so a second one overlaps them, where a
+// large one costs its rows, and claims at once step over each other's.
 type Traits struct {
-	Batches      bool
-	ClaimsAtOnce int
+	Batches           bool
+	ClaimsAtOnce      int
+	ClaimsAtOnceBelow int
 }
 
 // Rescanner is an optional capability of a ClaimForm whose claims start

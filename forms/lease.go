@@ -43,8 +43,27 @@ func newLease(b base) *lease {
 	return f
 }
 
-// Traits: one statement claims the whole batch.
-func (f *lease) Traits() core.Traits { return core.Traits{Batches: true} }
+// Traits: one statement claims the whole batch. Where the database skips
+// the rows another claim holds (a row locker), two claims of batches under
+// leasePipelineBelow rows run at once: a claim of a few dozen rows is
+// mostly round trips and a commit (MariaDB's claim is a transaction of
+// four statements), and the second overlaps them.
+func (f *lease) Traits() core.Traits {
+	t := core.Traits{Batches: true, ClaimsAtOnce: 1}
+	if f.plan.QGroup == "" && f.plan.Caps.RowLocker != nil {
+		t.ClaimsAtOnce, t.ClaimsAtOnceBelow = leaseClaimers, leasePipelineBelow
+	}
+	return t
+}
+
+// leaseClaimers is the most lease claims one subscription runs at once.
+const leaseClaimers = 2
+
+// leasePipelineBelow is the batch size from which lease claims run one at
+// a time again: from 512 rows on, two at once drained slower than one on
+// PostgreSQL (the second steps over the rows the first holds), and from
+// 128 on they drained alike.
+const leasePipelineBelow = 256
 
 func (f *lease) Start(ctx context.Context) error {
 	f.startOne.Do(func() {
@@ -498,11 +517,11 @@ func minTime(a, b time.Time) time.Time {
 }
 
 // LeaseConnections is the most connections of its pool a lease-form
-// subscription uses at once, whatever its concurrency: one claims, flushers
-// write completions, one renews. (On PostgreSQL a pool's listening
+// subscription uses at once, whatever its concurrency: up to leaseClaimers
+// claim, flushers write completions, one renews. (On PostgreSQL a pool's listening
 // connection, shared by all its subscriptions, comes on top unless the
 // dialect listens on a connection of its own.)
-const LeaseConnections = 1 + flushers + 1
+const LeaseConnections = leaseClaimers + flushers + 1
 
 // flush records a batch: the successes in one fenced statement, every other
 // outcome alone, and answers each request.
