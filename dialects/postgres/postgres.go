@@ -195,10 +195,51 @@ func (Dialect) ClaimLeases(ctx context.Context, on sqlx.ExtContext, p *core.Leas
 //	%[1]s id column  %[2]s lease column
 const fenceLeases = `%[1]s = ANY(?) AND %[2]s = (?::timestamptz[])[array_position(?, %[1]s)]`
 
-// FenceLeases matches a batch of leased rows with two array arguments.
+// fenceLease is fenceLeases for a batch whose rows all hold one token
+// (the rows of one claim, as a completion batch mostly is): the ids in one
+// array and the token once, with no array_position per row, which reads
+// the array from its start each time.
+const fenceLease = `%[1]s = ANY(?) AND %[2]s = ?::timestamptz`
+
+// FenceLeases matches a batch of leased rows with two array arguments, or
+// with one and the token when every row holds the same.
 func (Dialect) FenceLeases(p *core.Plan, ids, tokens []any) (string, []any) {
 	idArr := arrayLiteral(ids)
+	if oneToken(tokens) {
+		return fmt.Sprintf(fenceLease, p.QID, p.QLockedUntil), []any{idArr, elementText(tokens[0])}
+	}
 	return fmt.Sprintf(fenceLeases, p.QID, p.QLockedUntil), []any{idArr, arrayLiteral(tokens), idArr}
+}
+
+// oneToken reports whether every token is the first one's time.
+func oneToken(tokens []any) bool {
+	first, ok := tokens[0].(time.Time)
+	if !ok {
+		return false
+	}
+	for _, t := range tokens[1:] {
+		if x, ok := t.(time.Time); !ok || !x.Equal(first) {
+			return false
+		}
+	}
+	return true
+}
+
+// elementText is the text of one value as arrayLiteral writes it (before
+// quoting): timestamps in UTC to the microsecond.
+func elementText(v any) string {
+	switch x := v.(type) {
+	case int64:
+		return strconv.FormatInt(x, 10)
+	case []byte:
+		return string(x)
+	case string:
+		return x
+	case time.Time:
+		return x.UTC().Format("2006-01-02 15:04:05.999999Z07:00")
+	default:
+		return fmt.Sprint(x)
+	}
 }
 
 // arrayLiteral writes values as a PostgreSQL array literal, each element
@@ -206,6 +247,7 @@ func (Dialect) FenceLeases(p *core.Plan, ids, tokens []any) (string, []any) {
 // statement gives it.
 func arrayLiteral(vals []any) string {
 	var b strings.Builder
+	b.Grow(2 + len(vals)*16)
 	var last time.Time
 	var lastText string
 	b.WriteByte('{')
@@ -214,29 +256,20 @@ func arrayLiteral(vals []any) string {
 			b.WriteByte(',')
 		}
 		var s string
-		switch x := v.(type) {
-		case int64:
-			s = strconv.FormatInt(x, 10)
-		case []byte:
-			s = string(x)
-		case string:
-			s = x
-		case time.Time:
-			if i > 0 && x.Equal(last) {
-				s = lastText // a batch's tokens are mostly one claim's deadline
-			} else {
-				s = x.UTC().Format("2006-01-02 15:04:05.999999Z07:00")
+		if x, ok := v.(time.Time); ok && lastText != "" && x.Equal(last) {
+			s = lastText // a batch's tokens are mostly one claim's deadline
+		} else {
+			s = elementText(v)
+			if ok {
 				last, lastText = x, s
 			}
-		default:
-			s = fmt.Sprint(x)
 		}
 		b.WriteByte('"')
-		for _, r := range s {
-			if r == '"' || r == '\\' {
+		for j := 0; j < len(s); j++ { // bytes: '"' and '\\' never occur inside a UTF-8 sequence
+			if s[j] == '"' || s[j] == '\\' {
 				b.WriteByte('\\')
 			}
-			b.WriteRune(r)
+			b.WriteByte(s[j])
 		}
 		b.WriteByte('"')
 	}
