@@ -205,24 +205,10 @@ const fenceLease = `%[1]s = ANY(?) AND %[2]s = ?::timestamptz`
 // with one and the token when every row holds the same.
 func (Dialect) FenceLeases(p *core.Plan, ids, tokens []any) (string, []any) {
 	idArr := arrayLiteral(ids)
-	if oneToken(tokens) {
+	if core.SameTokens(tokens) {
 		return fmt.Sprintf(fenceLease, p.QID, p.QLockedUntil), []any{idArr, elementText(tokens[0])}
 	}
 	return fmt.Sprintf(fenceLeases, p.QID, p.QLockedUntil), []any{idArr, arrayLiteral(tokens), idArr}
-}
-
-// oneToken reports whether every token is the first one's time.
-func oneToken(tokens []any) bool {
-	first, ok := tokens[0].(time.Time)
-	if !ok {
-		return false
-	}
-	for _, t := range tokens[1:] {
-		if x, ok := t.(time.Time); !ok || !x.Equal(first) {
-			return false
-		}
-	}
-	return true
 }
 
 // elementText is the text of one value as arrayLiteral writes it (before
