@@ -185,13 +185,11 @@ func (p *Plan) Head(alias string) string {
 
 // FencePairs is the portable Leaser.FenceLeases: the ids first, so the
 // server finds the rows by key (pairs alone made MariaDB scan and lock the
-// table), then the (id, token) pairs OR'ed; when every row holds the same
-// token (SameTokens), the ids and the token once, so the server does not
-// test each row against every pair.
+// table), then the (id, token) pairs OR'ed. The pairs stay even when every
+// row holds one token: MariaDB ran "id IN (..) AND token = ?" as one range
+// over the primary key that locked rows past the list, and a claim's
+// UPDATE then deadlocked with it.
 func FencePairs(p *Plan, ids, tokens []any) (string, []any) {
-	if SameTokens(tokens) {
-		return p.QID + " IN (?" + strings.Repeat(", ?", len(ids)-1) + ") AND " + p.QLockedUntil + " = ?", append(append(make([]any, 0, len(ids)+1), ids...), tokens[0])
-	}
 	var b strings.Builder
 	b.WriteString(p.QID + " IN (?" + strings.Repeat(", ?", len(ids)-1) + ") AND (")
 	args := append(make([]any, 0, 3*len(ids)), ids...)
