@@ -74,9 +74,15 @@ func drainMem(tb testing.TB, n int64, lost bool, p SubscribeParams) {
 // runMem runs a subscription of h over n rows of f until all complete,
 // stops it and checks that each was claimed and succeeded once.
 func runMem(tb testing.TB, f *memForm, n int64, h Handler, p SubscribeParams) {
+	runOn(tb, f, f, n, h, p)
+}
+
+// runOn is runMem for a form built on the memForm m (one that wraps its
+// claims, say).
+func runOn(tb testing.TB, form core.ClaimForm, f *memForm, n int64, h Handler, p SubscribeParams) {
 	f.total, f.fin = n, make(chan struct{})
 	f.left.Store(n)
-	s, err := subscribe(context.Background(), f, memTable, h, p)
+	s, err := subscribe(context.Background(), form, memTable, h, p)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -299,28 +305,12 @@ func TestEnginePipelinedClaims(t *testing.T) {
 // batches and one at a time from that size on, every row handled once.
 func TestEngineClaimsAtOnceBelow(t *testing.T) {
 	for _, c := range []struct{ batch, want int64 }{{8, 2}, {16, 1}, {32, 1}} {
-		const n = 2000
 		f := &pipeForm{slow: 2 * time.Millisecond}
-		f.traits, f.total, f.fin = core.Traits{Batches: true, ClaimsAtOnce: 2, ClaimsAtOnceBelow: 16}, n, make(chan struct{})
-		f.left.Store(n)
-		s, err := subscribe(context.Background(), f, memTable, func(ctx context.Context, d *Delivery) error {
+		f.traits = core.Traits{Batches: true, ClaimsAtOnce: 2, ClaimsAtOnceBelow: 16}
+		runOn(t, f, &f.memForm, 2000, func(ctx context.Context, d *Delivery) error {
 			time.Sleep(time.Millisecond)
 			return nil
 		}, SubscribeParams{Concurrency: 32, BatchSize: int(c.batch), PollInterval: 50 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-f.fin:
-		case <-time.After(time.Minute):
-			t.Fatalf("%d of %d completed in a minute", f.done.Load(), n)
-		}
-		if err := s.Stop(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		if st := s.Stats(); st.Succeeded != n || st.Claimed != n {
-			t.Errorf("batches of %d: stats %+v, want %d claimed and succeeded", c.batch, st, n)
-		}
 		if got := f.maxClaims.Load(); got != c.want {
 			t.Errorf("batches of %d: at most %d claims ran at once, want %d", c.batch, got, c.want)
 		}

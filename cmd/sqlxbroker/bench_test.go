@@ -30,25 +30,7 @@ func TestBenchProcsCompare(t *testing.T) {
 	benchWorkerCmd = func() *exec.Cmd { return exec.Command(os.Args[0], "-test.run=^TestBenchProcsCompare$") }
 	defer func() { benchWorkerCmd = old }()
 
-	out := filepath.Join(t.TempDir(), "out")
-	f, err := os.Create(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout := os.Stdout
-	os.Stdout = f
-	err = benchCmd([]string{"--driver", "sqlite", "--dsn", filepath.Join(t.TempDir(), "b.db"), "--form", "lease",
-		"--concurrency", "8", "--rows", "600", "--procs-compare", "2", "--rounds", "2", "--share-cpus", "--json", "--table", "sxb_cli_procs"})
-	os.Stdout = stdout
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	text, _ := os.ReadFile(out)
-	lines := strings.Split(strings.TrimSpace(string(text)), "\n")
-	if len(lines) != 2 {
-		t.Fatalf("%d JSON lines, want one per round (2):\n%s", len(lines), text)
-	}
+	lines := benchJSON(t, 2, "--procs-compare", "2", "--rounds", "2", "--share-cpus", "--table", "sxb_cli_procs")
 	for i, line := range lines {
 		var c procsCompare
 		if err := json.Unmarshal([]byte(line), &c); err != nil {
@@ -108,25 +90,7 @@ func TestBenchProcsBadInput(t *testing.T) {
 // in the second), every row delivered, and each round's ratio is its own
 // drain over its own floor.
 func TestBenchFloorRounds(t *testing.T) {
-	out := filepath.Join(t.TempDir(), "out")
-	f, err := os.Create(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout := os.Stdout
-	os.Stdout = f
-	err = benchCmd([]string{"--driver", "sqlite", "--dsn", filepath.Join(t.TempDir(), "b.db"), "--form", "lease",
-		"--concurrency", "8", "--rows", "600", "--floor", "--rounds", "2", "--commit-duration", "-1s", "--json", "--table", "sxb_cli_floor"})
-	os.Stdout = stdout
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	text, _ := os.ReadFile(out)
-	lines := strings.Split(strings.TrimSpace(string(text)), "\n")
-	if len(lines) != 2 {
-		t.Fatalf("%d JSON lines, want one per round (2):\n%s", len(lines), text)
-	}
+	lines := benchJSON(t, 2, "--floor", "--rounds", "2", "--commit-duration", "-1s", "--table", "sxb_cli_floor")
 	var rs []bench.Result
 	for i, line := range lines {
 		var r bench.Result
@@ -146,4 +110,31 @@ func TestBenchFloorRounds(t *testing.T) {
 	if !strings.Contains(line, want) {
 		t.Errorf("summary %q does not hold %q", line, want)
 	}
+}
+
+// benchJSON runs `bench --json` over 600 rows of an SQLite file with 8
+// lease handlers and the flags given, and returns its lines, failing
+// unless there are want of them.
+func benchJSON(t *testing.T, want int, flags ...string) []string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "out")
+	f, err := os.Create(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout := os.Stdout
+	os.Stdout = f
+	err = benchCmd(append([]string{"--driver", "sqlite", "--dsn", filepath.Join(t.TempDir(), "b.db"), "--form", "lease",
+		"--concurrency", "8", "--rows", "600", "--json"}, flags...))
+	os.Stdout = stdout
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, _ := os.ReadFile(out)
+	lines := strings.Split(strings.TrimSpace(string(text)), "\n")
+	if len(lines) != want {
+		t.Fatalf("%d JSON lines, want %d (one per round):\n%s", len(lines), want, text)
+	}
+	return lines
 }
