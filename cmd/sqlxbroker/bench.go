@@ -92,6 +92,7 @@ func benchCmd(args []string) error {
 	asJSON := fs.Bool("json", false, "print one JSON line per run instead of the table")
 	svg := fs.String("svg", "", "write a chart of the runs (concurrency x deliveries/s) to this SVG file")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the drain (or steady phase) of the last run to this file")
+	memprofile := fs.String("memprofile", "", "write the allocation profile as the drain (or steady phase) of the last run ends to this file, and as it starts to this file with .base appended (go tool pprof -sample_index=alloc_space -base F.base F)")
 	from := fs.String("from", "", "draw --svg from this file of --json lines (all of them, or those whose dialect is --driver's) instead of running")
 	title := fs.String("title", "", "the chart's title")
 	floor := fs.Bool("floor", false, "drains: also drain a table with the form's statements alone, no broker (floor/s; of floor = deliveries/s over it)")
@@ -138,6 +139,20 @@ func benchCmd(args []string) error {
 		}
 		defer f.Close()
 		profile = f
+	}
+	var memBase, mem io.Writer
+	if *memprofile != "" {
+		for _, x := range []struct {
+			name string
+			w    *io.Writer
+		}{{*memprofile + ".base", &memBase}, {*memprofile, &mem}} {
+			f, err := os.Create(x.name)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			*x.w = &lastWriter{f: f}
+		}
 	}
 	if *driver == "" || *dsn == "" {
 		fs.Usage()
@@ -186,7 +201,7 @@ func benchCmd(args []string) error {
 			}
 			c := bench.Config{Driver: *driver, DSN: *dsn, Dialect: d, Form: f,
 				Mode: *mode, Rows: *rows, Concurrency: k, BatchSize: *batch, Keys: *keys, Rate: *rate,
-				Duration: *dur, CommitDuration: *commit, Table: *table, Logf: logf, Profile: profile, Floor: *floor,
+				Duration: *dur, CommitDuration: *commit, Table: *table, Logf: logf, Profile: profile, MemProfileBase: memBase, MemProfile: mem, Floor: *floor,
 				Traced: *withOtel || *compare, Interval: *interval, Backlog: *backlog, Prioritized: *prioritized,
 				DoneAt: *doneAt, PruneEvery: *pruneEvery, PruneAge: *pruneAge, HoldTx: *holdTx, Label: *label, Setup: setup}
 			var base, with []bench.Result
@@ -487,6 +502,18 @@ func ratio(a, b float64) float64 {
 		return 0
 	}
 	return a / b
+}
+
+// lastWriter keeps only what was written last: each run of a sweep writes
+// its allocation profiles (each in one Write), and the file holds the last
+// run's.
+type lastWriter struct{ f *os.File }
+
+func (l *lastWriter) Write(p []byte) (int, error) {
+	if err := l.f.Truncate(0); err != nil {
+		return 0, err
+	}
+	return l.f.WriteAt(p, 0)
 }
 
 // multiFlag is a flag that may be given several times.

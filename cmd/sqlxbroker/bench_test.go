@@ -85,12 +85,19 @@ func TestBenchProcsBadInput(t *testing.T) {
 	}
 }
 
-// TestBenchFloorRounds runs `bench --floor --rounds 2 --json` on an SQLite
-// file: two drains of the lease form, each with its floor (the floor first
-// in the second), every row delivered, and each round's ratio is its own
-// drain over its own floor.
+// TestBenchFloorRounds runs `bench --floor --rounds 2 --memprofile F
+// --json` on an SQLite file: two drains of the lease form, each with its
+// floor (the floor first in the second), every row delivered, each
+// round's ratio its own drain over its own floor, and F and F.base hold
+// allocation profiles.
 func TestBenchFloorRounds(t *testing.T) {
-	lines := benchJSON(t, 2, "--floor", "--rounds", "2", "--commit-duration", "-1s", "--table", "sxb_cli_floor")
+	mem := filepath.Join(t.TempDir(), "mem.prof")
+	lines := benchJSON(t, 2, "--floor", "--rounds", "2", "--commit-duration", "-1s", "--table", "sxb_cli_floor", "--memprofile", mem)
+	for _, name := range []string{mem + ".base", mem} { // the last drain's allocation profiles, gzipped protobuf
+		if b, err := os.ReadFile(name); err != nil || len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+			t.Errorf("--memprofile: %s: %d bytes, %v; want a gzipped profile", name, len(b), err)
+		}
+	}
 	var rs []bench.Result
 	for i, line := range lines {
 		var r bench.Result

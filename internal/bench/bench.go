@@ -11,6 +11,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -123,6 +124,11 @@ type Config struct {
 	// Profile, when set, receives a CPU profile of the drain or steady
 	// phase alone (the fill left out).
 	Profile io.Writer
+	// MemProfileBase and MemProfile, when set, receive the process's
+	// allocation profile ("allocs") as the drain or steady phase starts
+	// and as it ends: the phase's own allocations are the difference
+	// (go tool pprof -sample_index=alloc_space -base BASE PROFILE).
+	MemProfileBase, MemProfile io.Writer
 
 	// Traced gives the table a ReadyAt and a Metadata column (the
 	// publisher's trace context), as an instrumented application's table
@@ -537,16 +543,21 @@ type watch struct {
 	db      *sqlx.DB
 	cpu     time.Duration // the process's CPU time at the start
 	profile io.Writer     // a CPU profile in progress
+	mem     io.Writer     // receives the allocation profile at the end
 	peak    atomic.Int64
 	stop    chan struct{}
 	ended   chan struct{}
 }
 
-func startWatch(db *sqlx.DB, profile io.Writer) *watch {
+func startWatch(db *sqlx.DB, c Config) *watch {
 	runtime.GC()
 	debug.FreeOSMemory()
 	resetPeakRSS()
-	w := &watch{db: db, cpu: cpuTime(), stop: make(chan struct{}), ended: make(chan struct{}), profile: profile}
+	profile := c.Profile
+	if c.MemProfileBase != nil {
+		writeAllocs(c.MemProfileBase)
+	}
+	w := &watch{db: db, cpu: cpuTime(), stop: make(chan struct{}), ended: make(chan struct{}), profile: profile, mem: c.MemProfile}
 	if profile != nil {
 		if err := pprof.StartCPUProfile(profile); err != nil {
 			w.profile = nil
@@ -568,6 +579,14 @@ func startWatch(db *sqlx.DB, profile io.Writer) *watch {
 	return w
 }
 
+// writeAllocs writes the allocation profile to w in one Write.
+func writeAllocs(w io.Writer) {
+	var b bytes.Buffer
+	if pprof.Lookup("allocs").WriteTo(&b, 0) == nil {
+		_, _ = w.Write(b.Bytes())
+	}
+}
+
 // watchEvery is how often a watch reads the pool's open connections.
 const watchEvery = 10 * time.Millisecond
 
@@ -584,6 +603,9 @@ func (w *watch) end(r *Result) {
 	close(w.stop)
 	<-w.ended
 	w.sample()
+	if w.mem != nil {
+		writeAllocs(w.mem)
+	}
 	r.PeakConns = int(w.peak.Load())
 	r.PeakRSSMB = float64(peakRSS()) / (1 << 20)
 	w.cpu = cpuTime() - w.cpu
@@ -695,7 +717,7 @@ func drain(ctx context.Context, c Config, b *sqlxbroker.Broker, t sqlxbroker.Tab
 	h := sqlxbroker.Handler(pb.handle)
 	h, p = c.wrap(t, h, p)
 	c.Logf("draining with concurrency %d", c.Concurrency)
-	w := startWatch(db, c.Profile)
+	w := startWatch(db, c)
 	begin := time.Now()
 	s, err := sb.Subscribe(ctx, t, h, p)
 	if err != nil {

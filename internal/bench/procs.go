@@ -484,7 +484,7 @@ func worker(ctx context.Context, c Config, index int, in io.Reader, emit func(wo
 				lastNS.Store(time.Now().UnixNano())
 			}
 		}}
-	w := startWatch(db, nil)
+	w := startWatch(db, Config{})
 	begin := time.Now()
 	s, err := sb.Subscribe(ctx, t, h, p)
 	if err != nil {

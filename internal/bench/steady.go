@@ -121,7 +121,7 @@ func steady(ctx context.Context, c Config, b *sqlxbroker.Broker, t sqlxbroker.Ta
 		c.Logf("holding a transaction open for the run")
 	}
 
-	w := startWatch(db, c.Profile)
+	w := startWatch(db, c)
 	begin = time.Now()
 	s, err := sb.Subscribe(ctx, t, h, p)
 	if err != nil {
