@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"strings"
 
 	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/internal/bench"
@@ -111,14 +110,12 @@ func benchProcs(base bench.Config, forms []sqlxbroker.Form, concs []int, procs, 
 		}
 		for i := 0; rounds > 1 && i < len(cmps); i += rounds {
 			set := cmps[i : i+rounds]
-			var list []string
 			ratios := make([]float64, len(set))
 			for j, c := range set {
 				ratios[j] = c.Ratio
-				list = append(list, fmt.Sprintf("%.2f", c.Ratio))
 			}
-			fmt.Printf("%s, %d processes over 1 at %d handlers, %d rounds (the processes first in every second): %s; median %.2f\n",
-				set[0].Form, set[0].Procs, set[0].Concurrency, rounds, strings.Join(list, ", "), median(ratios))
+			fmt.Printf("%s, %d processes over 1 at %d handlers, %d rounds (the processes first in every second): %s\n",
+				set[0].Form, set[0].Procs, set[0].Concurrency, rounds, roundRatios(ratios))
 		}
 	}
 	return nil
