@@ -31,3 +31,14 @@ func SetClock(f core.ClaimForm, clock func() time.Time) {
 	}
 	f.(*lease).clock = clock
 }
+
+// LeaseGroups is how many expiry groups a lease form watches.
+func LeaseGroups(f core.ClaimForm) int {
+	for u, ok := f.(interface{ Unwrap() core.ClaimForm }); ok; u, ok = f.(interface{ Unwrap() core.ClaimForm }) {
+		f = u.Unwrap()
+	}
+	l := f.(*lease)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.groups)
+}

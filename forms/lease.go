@@ -21,7 +21,7 @@ type lease struct {
 	dur time.Duration
 
 	mu     sync.Mutex
-	active map[*leaseClaim]struct{}
+	groups map[*leaseGroup]struct{} // the groups with claims in work (renewer)
 
 	done     chan struct{}
 	wg       sync.WaitGroup
@@ -36,7 +36,7 @@ type lease struct {
 }
 
 func newLease(b base) *lease {
-	f := &lease{base: b, dur: b.plan.Lease, active: map[*leaseClaim]struct{}{}, done: make(chan struct{}), clock: core.Now}
+	f := &lease{base: b, dur: b.plan.Lease, groups: map[*leaseGroup]struct{}{}, done: make(chan struct{}), clock: core.Now}
 	f.batch.flush = f.flush
 	f.batch.linger = completionLinger
 	f.batch.working = func() int { return int(f.working.Load()) }
@@ -190,16 +190,91 @@ func (f *lease) claimOn(ctx context.Context, q sqlx.ExtContext, tx *sqlx.Tx, now
 		}
 	}
 	out := make([]core.Claim, len(ds))
+	claims := make([]*leaseClaim, len(ds))
 	f.working.Add(int64(len(ds)))
-	f.mu.Lock()
 	for i, d := range ds {
 		c := &leaseClaim{f: f, row: d, token: deadline}
-		c.timer = time.AfterFunc(time.Until(deadline), c.expire)
-		f.active[c] = struct{}{}
-		out[i] = c
+		claims[i], out[i] = c, c
+	}
+	f.group(claims, deadline)
+	return out, nil
+}
+
+// leaseGroup watches the deadline of claims that got it together: the
+// rows of one claim, or the leases one renewal statement renewed. One
+// timer per group, not per claim: a claim of 1,000 rows starts one. A
+// claim leaves its group when it finishes or is renewed into a later
+// one; the group ends (its timer stopped, the renewer forgets it) when
+// the last leaves.
+type leaseGroup struct {
+	timer  *time.Timer
+	claims []atomic.Pointer[leaseClaim] // a claim's slot; nil once it left
+	left   atomic.Int64                 // claims still in the group
+}
+
+// group puts claims, whose locks the caller holds or which no one else
+// knows yet, in a new group that expires at deadline.
+func (f *lease) group(claims []*leaseClaim, deadline time.Time) {
+	if len(claims) == 0 {
+		return
+	}
+	g := &leaseGroup{claims: make([]atomic.Pointer[leaseClaim], len(claims))}
+	for i, c := range claims {
+		g.claims[i].Store(c)
+		c.grp, c.slot = g, i
+	}
+	g.left.Store(int64(len(claims)))
+	// The timer is set before the renewer can see the group: a renewal
+	// may end it at once.
+	g.timer = time.AfterFunc(time.Until(deadline), g.expire)
+	f.mu.Lock()
+	f.groups[g] = struct{}{}
+	f.mu.Unlock()
+}
+
+// expire tells each claim still in the group that its deadline passed.
+func (g *leaseGroup) expire() {
+	for i := range g.claims {
+		if c := g.claims[i].Load(); c != nil {
+			c.expire()
+		}
+	}
+}
+
+// leave takes c out of its group (c.mu held), ending the group when c
+// was the last in it.
+func (c *leaseClaim) leave() {
+	g := c.grp
+	if g == nil {
+		return
+	}
+	c.grp = nil
+	g.claims[c.slot].Store(nil)
+	if g.left.Add(-1) == 0 {
+		g.timer.Stop()
+		c.f.mu.Lock()
+		delete(c.f.groups, g)
+		c.f.mu.Unlock()
+	}
+}
+
+// inWork lists the claims in the form's groups: those not finished.
+func (f *lease) inWork() []*leaseClaim {
+	f.mu.Lock()
+	groups := make([]*leaseGroup, 0, len(f.groups))
+	for g := range f.groups {
+		groups = append(groups, g)
 	}
 	f.mu.Unlock()
-	return out, nil
+	var claims []*leaseClaim
+	for _, g := range groups {
+		for i := range g.claims {
+			if c := g.claims[i].Load(); c != nil {
+				claims = append(claims, c)
+			}
+		}
+	}
+	return claims
 }
 
 type leaseClaim struct {
@@ -208,9 +283,10 @@ type leaseClaim struct {
 	row core.Row
 
 	mu       sync.Mutex
-	token    time.Time // the deadline the row holds for us
-	timer    *time.Timer
-	finished bool // completion started: renewal stops
+	token    time.Time   // the deadline the row holds for us
+	grp      *leaseGroup // the group that watches token; nil once finished
+	slot     int         // c's slot in grp
+	finished bool        // completion started: renewal stops
 
 	// lmu, not mu (which a renewal round holds while its statement runs,
 	// however long the network makes it), guards the loss, so a lease
@@ -259,10 +335,10 @@ func (c *leaseClaim) OnLost(fn func()) {
 	c.lmu.Unlock()
 }
 
-// expire fires when the deadline passes without a renewal: another claim may
-// now take the row, so the handler is told. A renewal round still running
-// then (it holds c.mu) has not renewed the lease in time: whatever it does
-// later, the row was claimable meanwhile.
+// expire runs when the deadline of c's group passes (leaseGroup): without
+// a renewal another claim may now take the row, so the handler is told. A
+// renewal round still running then (it holds c.mu) has not renewed the
+// lease in time: whatever it does later, the row was claimable meanwhile.
 func (c *leaseClaim) expire() {
 	if !c.mu.TryLock() {
 		c.markLost()
@@ -280,21 +356,17 @@ func (c *leaseClaim) expire() {
 func (c *leaseClaim) finish() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.f.mu.Lock()
-	delete(c.f.active, c)
-	c.f.mu.Unlock()
 	return c.stop()
 }
 
-// stop ends renewal and the expiry timer (c.mu held) and returns the token.
+// stop ends renewal and the expiry watch (c.mu held) and returns the token.
 func (c *leaseClaim) stop() time.Time {
 	c.finished = true
-	c.timer.Stop()
+	c.leave()
 	return c.token
 }
 
-// finishAll finishes a batch of claims (finish), taking the form's lock
-// once.
+// finishAll finishes a batch of claims (finish).
 func (f *lease) finishAll(batch []*leaseClaim) []time.Time {
 	tokens := make([]time.Time, len(batch))
 	for i, c := range batch {
@@ -302,11 +374,6 @@ func (f *lease) finishAll(batch []*leaseClaim) []time.Time {
 		tokens[i] = c.stop()
 		c.mu.Unlock()
 	}
-	f.mu.Lock()
-	for _, c := range batch {
-		delete(f.active, c)
-	}
-	f.mu.Unlock()
 	return tokens
 }
 
@@ -442,12 +509,7 @@ func (f *lease) renewer() {
 			return
 		case <-t.C:
 		}
-		f.mu.Lock()
-		claims := make([]*leaseClaim, 0, len(f.active))
-		for c := range f.active {
-			claims = append(claims, c)
-		}
-		f.mu.Unlock()
+		claims := f.inWork()
 		for len(claims) > 0 {
 			n := min(len(claims), maxBatch)
 			f.renewAll(claims[:n])
@@ -500,14 +562,17 @@ func (f *lease) renewAll(claims []*leaseClaim) {
 	if err != nil {
 		return // the expiry timers tell the handlers if this goes on
 	}
+	renewed := live[:0:0]
 	for i, c := range live {
 		if !hit[i] {
 			c.markLost()
 			continue
 		}
 		c.token = next
-		c.timer.Reset(time.Until(next))
+		c.leave()
+		renewed = append(renewed, c)
 	}
+	f.group(renewed, next)
 }
 
 func minTime(a, b time.Time) time.Time {

@@ -12,6 +12,7 @@ import (
 	"github.com/sqlxbroker/sqlxbroker/conformance"
 	"github.com/sqlxbroker/sqlxbroker/core"
 	"github.com/sqlxbroker/sqlxbroker/dialects/sqlite"
+	"github.com/sqlxbroker/sqlxbroker/forms"
 )
 
 // TestRenewalAfterALostLease: a claim whose lease ran out stays in work
@@ -78,6 +79,60 @@ func TestRenewalAfterALostLease(t *testing.T) {
 	}
 	if err := conformance.Complete(ctx, lost, sqlxbroker.Outcome{Kind: sqlxbroker.Succeeded}); !errors.Is(err, sqlxbroker.ErrLeaseLost) {
 		t.Errorf("complete the taken row: %v, want ErrLeaseLost", err)
+	}
+}
+
+// TestLeaseGroups: the rows of one claim share one expiry group, a
+// renewal moves them to a new one and ends the old, and the last
+// completion ends the group: the form keeps nothing of finished claims.
+func TestLeaseGroups(t *testing.T) {
+	const lease = time.Second
+	ctx := context.Background()
+	db, b, tb := leaseTable(t, lease)
+	if err := b.Publish(ctx, db, tb, map[string]any{"account": "a"}, map[string]any{"account": "b"}, map[string]any{"account": "c"}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := b.Plan(tb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := conformance.StartForm(t, b, tb)
+	cs, err := f.Claim(ctx, 3)
+	if err != nil || len(cs) != 3 {
+		t.Fatalf("claim: %d claims, %v", len(cs), err)
+	}
+	if n := forms.LeaseGroups(f); n != 1 {
+		t.Fatalf("%d groups after one claim, want 1", n)
+	}
+	if err := conformance.Complete(ctx, cs[0], sqlxbroker.Outcome{Kind: sqlxbroker.Succeeded}); err != nil {
+		t.Fatal(err)
+	}
+	var first string
+	if err := db.Get(&first, p.Rebind("SELECT locked_until FROM jobs WHERE id = ?"), sqlxbroker.NewDelivery(cs[1]).ID()); err != nil {
+		t.Fatal(err)
+	}
+	conformance.WaitFor(t, 3*lease, "the two leases in work to be renewed", func() bool {
+		var s []string
+		if err := db.Select(&s, "SELECT locked_until FROM jobs"); err != nil {
+			t.Fatal(err)
+		}
+		return len(s) == 2 && s[0] != first && s[1] != first
+	})
+	if n := forms.LeaseGroups(f); n != 1 {
+		t.Errorf("%d groups after a renewal of every lease in work, want 1 (the renewal's)", n)
+	}
+	for _, c := range cs[1:] {
+		if err := conformance.Complete(ctx, c, sqlxbroker.Outcome{Kind: sqlxbroker.Succeeded}); err != nil {
+			t.Fatalf("complete a renewed lease: %v", err)
+		}
+		select {
+		case <-conformance.Lost(c):
+			t.Errorf("a renewed lease was told lost")
+		default:
+		}
+	}
+	if n := forms.LeaseGroups(f); n != 0 {
+		t.Errorf("%d groups once every claim completed, want 0", n)
 	}
 }
 
