@@ -262,13 +262,25 @@ type row struct {
 	vals []any
 }
 
-func (r *row) get(col string) any {
-	for i, c := range r.cols {
+func (r *row) get(col string) any { return r.at(colAt(r.cols, col)) }
+
+// at is the value of the column at index i (colAt), nil when i < 0.
+func (r *row) at(i int) any {
+	if i < 0 {
+		return nil
+	}
+	return r.vals[i]
+}
+
+// colAt is the index of col in cols, compared as the database does
+// (case aside), or -1.
+func colAt(cols []string, col string) int {
+	for i, c := range cols {
 		if strings.EqualFold(c, col) {
-			return r.vals[i]
+			return i
 		}
 	}
-	return nil
+	return -1
 }
 
 // marks is "(?, ?, ..)" with n placeholders (n >= 1), for an IN list.
@@ -277,13 +289,17 @@ func marks(n int) string { return "(?" + strings.Repeat(", ?", n-1) + ")" }
 // readRows reads every row of rows (closing them) as sqlx's SliceScan
 // would, each value as the driver returned it (bytes copied), with the
 // values of many rows in one allocation: a claim reads hundreds.
-func readRows(rows *sqlx.Rows) ([]row, error) {
+func readRows(rows *sqlx.Rows) ([]row, error) { return readRowsN(rows, 0) }
+
+// readRowsN is readRows for about n rows (the most a claim asks for):
+// the list of rows is allocated once.
+func readRowsN(rows *sqlx.Rows, n int) ([]row, error) {
 	defer rows.Close()
 	cols, err := rows.Columns()
 	if err != nil {
 		return nil, err
 	}
-	var out []row
+	out := make([]row, 0, n)
 	var store []any // the values of the rows still to read
 	dest := make([]any, len(cols))
 	for rows.Next() {
@@ -310,7 +326,15 @@ const rowsPerAlloc = 64
 // (rows that break the contract) read as 1, a new row's attempt; the next
 // count repairs the column (Plan.NextAttempt).
 func (b *base) attemptOf(r *row) (int, error) {
-	v := r.get(b.plan.Attempt)
+	return b.attemptAt(r, colAt(r.cols, b.plan.Attempt))
+}
+
+// attemptAt is attemptOf with the attempt column's index (colAt).
+func (b *base) attemptAt(r *row, at int) (int, error) {
+	v := r.at(at)
+	if n, ok := v.(int64); ok { // as drivers mostly return it
+		return int(max(n, 1)), nil
+	}
 	var n sql.NullInt64
 	if err := n.Scan(v); err != nil {
 		return 0, fmt.Errorf("sqlxbroker: table %s: attempt column %q holds %v in row %v: %w", b.plan.Table, b.plan.Attempt, v, r.get(b.plan.ID), err)
@@ -328,12 +352,16 @@ func counted(attempt int) int { return max(1, attempt-1) }
 // delivery is the claimed row r, reporting attempt, with the attempt
 // column of the copy the handler sees set to it.
 func (b *base) delivery(r *row, attempt int, key string) core.Row {
-	for i, c := range r.cols {
-		if strings.EqualFold(c, b.plan.Attempt) {
-			r.vals[i] = int64(attempt)
-		}
+	return b.deliveryAt(r, colAt(r.cols, b.plan.ID), colAt(r.cols, b.plan.Attempt), attempt, key)
+}
+
+// deliveryAt is delivery with the indexes of the ID and attempt columns
+// (colAt).
+func (b *base) deliveryAt(r *row, idAt, attemptAt, attempt int, key string) core.Row {
+	if attemptAt >= 0 {
+		r.vals[attemptAt] = int64(attempt)
 	}
-	return core.Row{ID: r.get(b.plan.ID), Attempt: attempt, Key: key, Columns: r.cols, Values: r.vals}
+	return core.Row{ID: r.at(idAt), Attempt: attempt, Key: key, Columns: r.cols, Values: r.vals}
 }
 
 // noTx is the Tx of claims of forms that hold no transaction.

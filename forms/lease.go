@@ -150,7 +150,7 @@ func (f *lease) claimOn(ctx context.Context, q sqlx.ExtContext, tx *sqlx.Tx, now
 		}
 		rs, err := p.Caps.Leaser.ClaimLeases(ctx, q, &core.LeaseClaimParams{Plan: p, Where: where + from, Args: append(args, fromArgs...), Limit: max, Deadline: p.Time(deadline)})
 		if err == nil {
-			rows, err = readRows(rs)
+			rows, err = readRowsN(rs, max)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("sqlxbroker: lease claim on %s: %w", p.Table, err)
@@ -176,26 +176,24 @@ func (f *lease) claimOn(ctx context.Context, q sqlx.ExtContext, tx *sqlx.Tx, now
 	} else if p.QGroup == "" && len(rows) == max {
 		f.scan.advance(p.OrderValues(rows[len(rows)-1].get))
 	}
-	ds := make([]core.Row, len(rows))
+	out := make([]core.Claim, len(rows))
+	claims := make([]*leaseClaim, len(rows))
+	idAt, attemptAt := colAt(rows[0].cols, p.ID), colAt(rows[0].cols, p.Attempt)
 	for i := range rows {
-		attempt, err := f.attemptOf(&rows[i])
+		attempt, err := f.attemptAt(&rows[i], attemptAt)
 		if err != nil {
 			return nil, err
 		}
-		ds[i] = f.delivery(&rows[i], counted(attempt), "")
+		c := &leaseClaim{f: f, token: deadline}
+		c.row = f.deliveryAt(&rows[i], idAt, attemptAt, counted(attempt), "")
+		claims[i], out[i] = c, c
 	}
 	if tx != nil {
 		if err := tx.Commit(); err != nil {
 			return nil, fmt.Errorf("sqlxbroker: commit lease claim on %s: %w", p.Table, err)
 		}
 	}
-	out := make([]core.Claim, len(ds))
-	claims := make([]*leaseClaim, len(ds))
-	f.working.Add(int64(len(ds)))
-	for i, d := range ds {
-		c := &leaseClaim{f: f, row: d, token: deadline}
-		claims[i], out[i] = c, c
-	}
+	f.working.Add(int64(len(claims)))
 	f.group(claims, deadline)
 	return out, nil
 }
@@ -458,7 +456,7 @@ func (f *lease) fencedBatch(ctx context.Context, head string, headArgs []any, re
 		if err != nil {
 			return nil, err
 		}
-		got, err := readRows(rows)
+		got, err := readRowsN(rows, len(claims))
 		if err != nil {
 			return nil, err
 		}
