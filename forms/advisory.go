@@ -98,7 +98,7 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	held := len(f.held)
 	f.mu.Unlock()
 	var out []core.Claim
-	tried := map[string]bool{}
+	tried := make(map[string]bool, max)
 	for retry := false; ; retry = true {
 		from, fromArgs, keep := "", []any(nil), false
 		if p.QGroup == "" {
@@ -215,7 +215,7 @@ func (f *advisory) claimFrom(ctx context.Context, cols, where string, args []any
 		if err != nil {
 			return out, false, last, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table, err)
 		}
-		cands, err := readRows(rs)
+		cands, err := readRowsN(rs, size)
 		if err != nil {
 			return out, false, last, fmt.Errorf("sqlxbroker: advisory candidates on %s: %w", p.Table, err)
 		}
@@ -227,7 +227,7 @@ func (f *advisory) claimFrom(ctx context.Context, cols, where string, args []any
 		for i := 0; i < len(cands) && len(out) < max && ctx.Err() == nil; {
 			var locked []*advisoryClaim
 			for i < len(cands) && len(out)+len(locked) < max && err == nil && ctx.Err() == nil {
-				var wave []*advisoryClaim
+				wave := make([]*advisoryClaim, 0, min(len(cands)-i, max-len(out)-len(locked)))
 				for ; i < len(cands) && len(out)+len(locked)+len(wave) < max; i++ {
 					r := &cands[i]
 					key := p.Key.Render(r.get)
@@ -342,7 +342,7 @@ func (f *advisory) countAll(ctx context.Context, claims []*advisoryClaim) ([]row
 	}
 	where, args := p.Ready(p.QTable, core.Now())
 	in := p.QTable + "." + p.QID + " IN " + marks(len(ids)) + " AND " + where
-	return f.updateRows(ctx, f.db, p.QAttempt+" = "+p.NextAttempt(""), in, append(ids, args...))
+	return f.updateRows(ctx, f.db, p.QAttempt+" = "+p.NextAttempt(""), in, append(ids, args...), len(ids))
 }
 
 // tryLocks tries the keys of wave on the holder's session and returns the
@@ -408,7 +408,7 @@ func (f *advisory) count(ctx context.Context, id any) (*row, error) {
 			return nil, err
 		}
 	}
-	rows, err := f.updateRows(ctx, q, p.QAttempt+" = "+p.NextAttempt(""), in, args)
+	rows, err := f.updateRows(ctx, q, p.QAttempt+" = "+p.NextAttempt(""), in, args, 1)
 	if err != nil {
 		return nil, err
 	}
@@ -514,9 +514,8 @@ func (f *advisory) flush(batch []*advisoryClaim) {
 	errs := make([]error, len(batch))
 	h := &f.keys
 	h.mu.Lock()
-	var wins []any
-	var won []int
-	var live []*advisoryClaim
+	wins, won := make([]any, 0, len(batch)), make([]int, 0, len(batch))
+	live := make([]*advisoryClaim, 0, len(batch))
 	failed := false
 	for i, c := range batch {
 		c.gen.forget(c)

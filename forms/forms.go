@@ -495,7 +495,7 @@ func guardedHeads(ctx context.Context, tx *sqlx.Tx, p *core.Plan, where string, 
 // rows that meet where with the same args. The caller makes sure the two
 // agree: nothing else changes those rows in between, and where does not
 // depend on what set changes. Statements are given with '?'.
-func (b *base) updateRows(ctx context.Context, q sqlx.ExtContext, set, where string, args []any) ([]row, error) {
+func (b *base) updateRows(ctx context.Context, q sqlx.ExtContext, set, where string, args []any, n int) ([]row, error) {
 	p := b.plan
 	upd := "UPDATE " + p.QTable + " SET " + set + " WHERE " + where
 	if p.Dialect.Features().UpdateReturning {
@@ -503,7 +503,7 @@ func (b *base) updateRows(ctx context.Context, q sqlx.ExtContext, set, where str
 		if err != nil {
 			return nil, err
 		}
-		return readRows(rs)
+		return readRowsN(rs, n)
 	}
 	res, err := q.ExecContext(ctx, p.Rebind(upd), args...)
 	if err != nil {
@@ -516,7 +516,7 @@ func (b *base) updateRows(ctx context.Context, q sqlx.ExtContext, set, where str
 	if err != nil {
 		return nil, err
 	}
-	return readRows(rs)
+	return readRowsN(rs, n)
 }
 
 // allOrEach changes n rows in a new transaction. It first runs all, one
