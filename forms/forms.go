@@ -294,12 +294,16 @@ func readRows(rows *sqlx.Rows) ([]row, error) { return readRowsN(rows, 0) }
 // readRowsN is readRows for about n rows (the most a claim asks for):
 // the list of rows is allocated once.
 func readRowsN(rows *sqlx.Rows, n int) ([]row, error) {
+	return readRowsInto(rows, make([]row, 0, n))
+}
+
+// readRowsInto is readRows appending to out.
+func readRowsInto(rows *sqlx.Rows, out []row) ([]row, error) {
 	defer rows.Close()
 	cols, err := rows.Columns()
 	if err != nil {
 		return nil, err
 	}
-	out := make([]row, 0, n)
 	var store []any // the values of the rows still to read
 	dest := make([]any, len(cols))
 	for rows.Next() {
@@ -315,6 +319,21 @@ func readRowsN(rows *sqlx.Rows, n int) ([]row, error) {
 			return nil, err
 		}
 		out = append(out, row{cols: cols, vals: vals})
+	}
+	return out, rows.Err()
+}
+
+// readColumn reads the one column of rows (closing them), each value as
+// the driver returned it (bytes copied), for about n rows.
+func readColumn(rows *sqlx.Rows, n int) ([]any, error) {
+	defer rows.Close()
+	out := make([]any, 0, n)
+	for rows.Next() {
+		var v any
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
 	}
 	return out, rows.Err()
 }

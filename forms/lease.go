@@ -139,7 +139,19 @@ func (f *lease) claimOn(ctx context.Context, q sqlx.ExtContext, tx *sqlx.Tx, now
 		where += " AND " + p.Alias + "." + p.QID + " IN " + marks(len(ids))
 		args = append(args, ids...)
 	}
+	buf := claimRows.Get().(*[]row)
 	var rows []row
+	defer func() {
+		// The claims keep the values, not the list; a read that failed
+		// left its rows in the list.
+		if clear(rows); rows == nil {
+			clear((*buf)[:cap(*buf)])
+		}
+		if cap(rows) > cap(*buf) {
+			*buf = rows[:0]
+		}
+		claimRows.Put(buf)
+	}()
 	keep := false
 	for retry := false; ; retry = true {
 		// Outside FIFO tables, from the cursor first (see cursor); when
@@ -150,7 +162,7 @@ func (f *lease) claimOn(ctx context.Context, q sqlx.ExtContext, tx *sqlx.Tx, now
 		}
 		rs, err := p.Caps.Leaser.ClaimLeases(ctx, q, &core.LeaseClaimParams{Plan: p, Where: where + from, Args: append(args, fromArgs...), Limit: max, Deadline: p.Time(deadline)})
 		if err == nil {
-			rows, err = readRowsN(rs, max)
+			rows, err = readRowsInto(rs, (*buf)[:0])
 		}
 		if err != nil {
 			return nil, fmt.Errorf("sqlxbroker: lease claim on %s: %w", p.Table, err)
@@ -197,6 +209,9 @@ func (f *lease) claimOn(ctx context.Context, q sqlx.ExtContext, tx *sqlx.Tx, now
 	f.group(claims, deadline)
 	return out, nil
 }
+
+// claimRows keeps the row lists lease claims read, for the next claims.
+var claimRows = sync.Pool{New: func() any { return new([]row) }}
 
 // leaseGroup watches the deadline of claims that got it together: the
 // rows of one claim, or the leases one renewal statement renewed. One
@@ -456,7 +471,7 @@ func (f *lease) fencedBatch(ctx context.Context, head string, headArgs []any, re
 		if err != nil {
 			return nil, err
 		}
-		got, err := readRowsN(rows, len(claims))
+		got, err := readColumn(rows, len(claims))
 		if err != nil {
 			return nil, err
 		}
@@ -467,7 +482,7 @@ func (f *lease) fencedBatch(ctx context.Context, head string, headArgs []any, re
 		} else {
 			changed := make(map[string]bool, len(got))
 			for _, g := range got {
-				changed[idKey(g.vals[0])] = true
+				changed[idKey(g)] = true
 			}
 			for i, c := range claims {
 				hit[i] = changed[idKey(c.row.ID)]
