@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"database/sql"
+	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -249,6 +250,30 @@ type ConflictDetector interface {
 	Conflict(err error) bool
 }
 
+// IDMatcher is an optional capability: a condition that matches a list of
+// IDs with one argument however long the list, where the portable
+// "id IN (?, ?, ..)" makes the server parse and plan one parameter per
+// row (PostgreSQL planned an UPDATE of 500 IDs in 1.2 ms from a list, in
+// 0.2 ms from one array). The advisory form takes its rows and writes its
+// completion batches with it; without it, the list.
+type IDMatcher interface {
+	// MatchIDs returns a condition that holds for exactly the rows whose
+	// column col (quoted, perhaps qualified by the table's name) holds
+	// one of ids, and its args in the order of its '?'s. ids holds at
+	// least one value, each as the driver returned it or as it was
+	// published (int64, string, []byte, ...); ids may repeat.
+	MatchIDs(p *Plan, col string, ids []any) (cond string, args []any)
+}
+
+// MatchIDs is the condition of IDMatcher: the dialect's, or
+// "col IN (?, ?, ..)".
+func (c Capabilities) MatchIDs(p *Plan, col string, ids []any) (string, []any) {
+	if c.IDMatcher != nil {
+		return c.IDMatcher.MatchIDs(p, col, ids)
+	}
+	return col + " IN (?" + strings.Repeat(", ?", len(ids)-1) + ")", ids[:len(ids):len(ids)]
+}
+
 // Capabilities are a dialect's optional interfaces (nil: lacking), found by
 // CapabilitiesOf, the one place the library asserts them.
 type Capabilities struct {
@@ -266,6 +291,9 @@ type Capabilities struct {
 	StateMarker StateMarker
 	// ConflictDetector: conflicts are retried (see ConflictDetector).
 	ConflictDetector ConflictDetector
+	// IDMatcher: lists of IDs are matched by one argument (see
+	// IDMatcher and Capabilities.MatchIDs); nil: by a list.
+	IDMatcher IDMatcher
 }
 
 func CapabilitiesOf(d Dialect) Capabilities {
@@ -280,6 +308,7 @@ func CapabilitiesOf(d Dialect) Capabilities {
 	c.DuplicateSkipper, _ = d.(DuplicateSkipper)
 	c.StateMarker, _ = d.(StateMarker)
 	c.ConflictDetector, _ = d.(ConflictDetector)
+	c.IDMatcher, _ = d.(IDMatcher)
 	return c
 }
 

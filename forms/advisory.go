@@ -341,8 +341,8 @@ func (f *advisory) countAll(ctx context.Context, claims []*advisoryClaim) ([]row
 		ids[i] = c.id
 	}
 	where, args := p.Ready(p.QTable, core.Now())
-	in := p.QTable + "." + p.QID + " IN " + marks(len(ids)) + " AND " + where
-	return f.updateRows(ctx, f.db, p.QAttempt+" = "+p.NextAttempt(""), in, append(ids, args...), len(ids))
+	in, inArgs := p.Caps.MatchIDs(p, p.QTable+"."+p.QID, ids)
+	return f.updateRows(ctx, f.db, p.QAttempt+" = "+p.NextAttempt(""), in+" AND "+where, append(inArgs, args...), len(ids))
 }
 
 // tryLocks tries the keys of wave on the holder's session and returns the
@@ -571,8 +571,8 @@ func (f *advisory) succeedAll(ctx context.Context, q sqlx.ExecerContext, ids []a
 	if p.QDoneAt != "" {
 		stmt, args = "UPDATE "+p.QTable+" SET "+p.QDoneAt+" = ?", []any{p.Time(core.Now())}
 	}
-	stmt += " WHERE " + p.QID + " IN " + marks(len(ids))
-	if _, err := q.ExecContext(ctx, p.Rebind(stmt), append(args, ids...)...); err != nil {
+	in, inArgs := p.Caps.MatchIDs(p, p.QID, ids)
+	if _, err := q.ExecContext(ctx, p.Rebind(stmt+" WHERE "+in), append(args, inArgs...)...); err != nil {
 		return fmt.Errorf("sqlxbroker: advisory completion (%d succeeded): %w", len(ids), err)
 	}
 	return nil

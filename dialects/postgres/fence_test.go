@@ -60,3 +60,46 @@ func TestFenceLeases(t *testing.T) {
 		})
 	}
 }
+
+// TestMatchIDs: one array argument matches exactly the rows whose ID is
+// in the list, for integer and text keys (quotes, backslashes, commas and
+// braces in them), repeated IDs and IDs no row has.
+func TestMatchIDs(t *testing.T) {
+	db := openDSN(dsn(t))(t)
+	if _, err := db.Exec(`DROP TABLE IF EXISTS sxb_match; CREATE TABLE sxb_match (n bigint PRIMARY KEY, s text NOT NULL UNIQUE)`); err != nil {
+		t.Fatal(err)
+	}
+	defer db.Exec(`DROP TABLE sxb_match`)
+	texts := []string{`plain`, `a "quoted" one`, `back\slash`, `{braced},comma`, `NULL`}
+	for i, s := range texts {
+		if _, err := db.Exec(`INSERT INTO sxb_match VALUES ($1, $2)`, i+1, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := postgres.Dialect{}
+	p := &core.Plan{}
+	for _, c := range []struct {
+		name string
+		col  string
+		ids  []any
+		want []int64
+	}{
+		{"integers", "sxb_match.n", []any{int64(1), int64(3), int64(9)}, []int64{1, 3}},
+		{"integers repeated", `"n"`, []any{int64(2), int64(2)}, []int64{2}},
+		{"texts", "s", []any{`a "quoted" one`, []byte(`back\slash`), `{braced},comma`, `NULL`, `absent`}, []int64{2, 3, 4, 5}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cond, args := d.MatchIDs(p, c.col, c.ids)
+			if len(args) != 1 {
+				t.Errorf("%d args for %d IDs, want 1", len(args), len(c.ids))
+			}
+			var got []int64
+			if err := db.Select(&got, sqlx.Rebind(sqlx.DOLLAR, "SELECT n FROM sxb_match WHERE "+cond+" ORDER BY n"), args...); err != nil {
+				t.Fatalf("%s: %v", cond, err)
+			}
+			if !slices.Equal(got, c.want) {
+				t.Errorf("%s matched %v, want %v", cond, got, c.want)
+			}
+		})
+	}
+}

@@ -211,6 +211,12 @@ func (Dialect) FenceLeases(p *core.Plan, ids, tokens []any) (string, []any) {
 	return fmt.Sprintf(fenceLeases, p.QID, p.QLockedUntil), []any{idArr, arrayLiteral(tokens), idArr}
 }
 
+// MatchIDs matches a list of IDs as one array, typed by its comparison
+// with the column (so any key type works).
+func (Dialect) MatchIDs(p *core.Plan, col string, ids []any) (string, []any) {
+	return col + " = ANY(?)", []any{arrayLiteral(ids)}
+}
+
 // elementText is the text of one value as arrayLiteral writes it (before
 // quoting): timestamps in UTC to the microsecond.
 func elementText(v any) string {

@@ -457,9 +457,10 @@ func (k *advisoryFloor) claimAndComplete(ctx context.Context, conn *sqlx.Conn, w
 	var taken []any
 	if len(ids) > 0 {
 		where, args := p.Ready(p.QTable, core.Now())
-		in := p.QTable + "." + p.QID + " IN (?" + strings.Repeat(", ?", len(ids)-1) + ") AND " + where
+		in, inArgs := p.Caps.MatchIDs(p, p.QTable+"."+p.QID, ids)
+		in += " AND " + where
 		upd := "UPDATE " + p.QTable + " SET " + p.QAttempt + " = " + p.NextAttempt("") + " WHERE " + in
-		args = append(append([]any{}, ids...), args...)
+		args = append(inArgs, args...)
 		var rows *sqlx.Rows
 		if p.Dialect.Features().UpdateReturning {
 			rows, err = conn.QueryxContext(ctx, p.Rebind(upd+" RETURNING *"), args...)
@@ -476,8 +477,8 @@ func (k *advisoryFloor) claimAndComplete(ctx context.Context, conn *sqlx.Conn, w
 	k.keyMu.Lock()
 	defer k.keyMu.Unlock()
 	if len(taken) > 0 {
-		del := p.Rebind("DELETE FROM " + p.QTable + " WHERE " + p.QID + " IN (?" + strings.Repeat(", ?", len(taken)-1) + ")")
-		res, err := k.key.ExecContext(ctx, del, taken...)
+		in, inArgs := p.Caps.MatchIDs(p, p.QID, taken)
+		res, err := k.key.ExecContext(ctx, p.Rebind("DELETE FROM "+p.QTable+" WHERE "+in), inArgs...)
 		if err != nil {
 			return fmt.Errorf("complete: %w", err)
 		}
