@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -824,4 +825,59 @@ func FIFORefused(t TB, tg *Target, f sqlxbroker.Form) {
 		t.Fatalf("a FIFO table on a dialect without a group guard subscribed (%v), want a TableError naming Group", err)
 	}
 	subscribe(t, b, plain, h, quick)
+}
+
+// IDMatch: the dialect's IDMatcher (which the advisory form takes its rows
+// and writes its completion batches with) holds for exactly the rows whose
+// IDs are listed: IDs as the driver read them, a list of one, an ID
+// listed twice, and the ID of a row deleted since.
+func IDMatch(t TB, tg *Target, f sqlxbroker.Form) {
+	b := tg.broker(t)
+	db := b.DB()
+	tb := tg.fresh(t, db, f, nil)
+	publish(t, b, tb, msg{Acct: "a", Body: "1"}, msg{Acct: "b", Body: "2"}, msg{Acct: "c", Body: "3"}, msg{Acct: "d", Body: "4"})
+	p, err := b.Plan(tb)
+	if err != nil {
+		t.Fatalf("plan: %v", err)
+	}
+	q := tg.Dialect.QuoteIdent
+	var ids []any // by body: 1, 2, 3, 4
+	rows, err := db.Queryx("SELECT " + p.QID + " FROM " + p.QTable + " ORDER BY " + q("body"))
+	if err != nil {
+		t.Fatalf("read the IDs: %v", err)
+	}
+	for rows.Next() {
+		v, err := rows.SliceScan()
+		if err != nil {
+			t.Fatalf("read the IDs: %v", err)
+		}
+		ids = append(ids, v[0])
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil || len(ids) != 4 {
+		t.Fatalf("read %d IDs, want 4: %v", len(ids), err)
+	}
+	if _, err := db.Exec(sqlx.Rebind(tg.Dialect.BindType(), "DELETE FROM "+p.QTable+" WHERE "+q("body")+" = ?"), "4"); err != nil {
+		t.Fatalf("delete a row: %v", err)
+	}
+	m := core.CapabilitiesOf(tg.Dialect).IDMatcher
+	for _, c := range []struct {
+		name string
+		ids  []any
+		want []string
+	}{
+		{"one", ids[1:2], []string{"2"}},
+		{"three", ids[:3], []string{"1", "2", "3"}},
+		{"repeated, and a deleted row's", []any{ids[2], ids[0], ids[2], ids[3]}, []string{"1", "3"}},
+	} {
+		for _, col := range []string{p.QID, p.QTable + "." + p.QID} {
+			cond, args := m.MatchIDs(p, col, c.ids)
+			var got []string
+			if err := db.Select(&got, sqlx.Rebind(tg.Dialect.BindType(), "SELECT "+q("body")+" FROM "+p.QTable+" WHERE "+cond+" ORDER BY "+q("body")), args...); err != nil {
+				t.Fatalf("%s (%s): %v", c.name, cond, err)
+			}
+			if !slices.Equal(got, c.want) {
+				t.Errorf("%s: %s matched the rows %v, want %v", c.name, cond, got, c.want)
+			}
+		}
+	}
 }
