@@ -13,10 +13,7 @@ func SetFullScanEvery(d time.Duration) { fullScanEvery = d }
 // EndKeySession ends the session that holds an advisory form's keys, as a
 // failed statement on it does.
 func EndKeySession(f core.ClaimForm) {
-	for u, ok := f.(interface{ Unwrap() core.ClaimForm }); ok; u, ok = f.(interface{ Unwrap() core.ClaimForm }) {
-		f = u.Unwrap()
-	}
-	a := f.(*advisory)
+	a := unwrap(f).(*advisory)
 	a.keys.mu.Lock()
 	defer a.keys.mu.Unlock()
 	if a.keys.sess != nil {
@@ -26,19 +23,21 @@ func EndKeySession(f core.ClaimForm) {
 
 // SetClock makes a lease form read the time from clock.
 func SetClock(f core.ClaimForm, clock func() time.Time) {
-	for u, ok := f.(interface{ Unwrap() core.ClaimForm }); ok; u, ok = f.(interface{ Unwrap() core.ClaimForm }) {
-		f = u.Unwrap()
-	}
-	f.(*lease).clock = clock
+	unwrap(f).(*lease).clock = clock
 }
 
 // LeaseGroups is how many expiry groups a lease form watches.
 func LeaseGroups(f core.ClaimForm) int {
-	for u, ok := f.(interface{ Unwrap() core.ClaimForm }); ok; u, ok = f.(interface{ Unwrap() core.ClaimForm }) {
-		f = u.Unwrap()
-	}
-	l := f.(*lease)
+	l := unwrap(f).(*lease)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(l.groups)
+}
+
+// unwrap is the form under the wrappers around f.
+func unwrap(f core.ClaimForm) core.ClaimForm {
+	for u, ok := f.(interface{ Unwrap() core.ClaimForm }); ok; u, ok = f.(interface{ Unwrap() core.ClaimForm }) {
+		f = u.Unwrap()
+	}
+	return f
 }

@@ -283,9 +283,6 @@ func colAt(cols []string, col string) int {
 	return -1
 }
 
-// marks is "(?, ?, ..)" with n placeholders (n >= 1), for an IN list.
-func marks(n int) string { return "(?" + strings.Repeat(", ?", n-1) + ")" }
-
 // readRows reads every row of rows (closing them) as sqlx's SliceScan
 // would, each value as the driver returned it (bytes copied), with the
 // values of many rows in one allocation: a claim reads hundreds.

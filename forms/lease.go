@@ -136,8 +136,9 @@ func (f *lease) claimOn(ctx context.Context, q sqlx.ExtContext, tx *sqlx.Tx, now
 		if len(ids) == 0 {
 			return nil, nil
 		}
-		where += " AND " + p.Alias + "." + p.QID + " IN " + marks(len(ids))
-		args = append(args, ids...)
+		in, inArgs := p.Caps.MatchIDs(p, p.Alias+"."+p.QID, ids)
+		where += " AND " + in
+		args = append(args, inArgs...)
 	}
 	buf := claimRows.Get().(*[]row)
 	var rows []row
