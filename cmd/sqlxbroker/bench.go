@@ -91,7 +91,7 @@ func benchCmd(args []string) error {
 	table := fs.String("table", "sqlxbroker_bench", "table to create, fill and drop")
 	asJSON := fs.Bool("json", false, "print one JSON line per run instead of the table")
 	svg := fs.String("svg", "", "write a chart of the runs (concurrency x deliveries/s) to this SVG file")
-	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the drain (or steady phase) of the last run to this file")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the drain (or steady phase) of the last run to this file (--procs: each worker's, of every run, to this file with .N added)")
 	memprofile := fs.String("memprofile", "", "write the allocation profile as the drain (or steady phase) of the last run ends to this file, and as it starts to this file with .base appended (go tool pprof -sample_index=alloc_space -base F.base F)")
 	from := fs.String("from", "", "draw --svg from this file of --json lines (all of them, or those whose dialect is --driver's) instead of running")
 	title := fs.String("title", "", "the chart's title")
@@ -132,7 +132,7 @@ func benchCmd(args []string) error {
 		return chartFrom(*from, *driver, *svg, *title)
 	}
 	var profile io.Writer
-	if *cpuprofile != "" {
+	if *cpuprofile != "" && *procs == 0 && *procsCompare == 0 {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {
 			return err
@@ -189,7 +189,7 @@ func benchCmd(args []string) error {
 			return errors.New("bench: --procs and --procs-compare run drains only (--mode drain)")
 		}
 		base := bench.Config{Driver: *driver, DSN: *dsn, Dialect: d, Rows: *rows, BatchSize: *batch, Keys: *keys,
-			Table: *table, Logf: logf, CommitDuration: -1}
+			Table: *table, Logf: logf, CommitDuration: -1, WorkerProfile: *cpuprofile}
 		return benchProcs(base, fl, cl, *procs, *procsCompare, *cmpRounds, *shareCPUs, *asJSON)
 	}
 	var results []bench.Result

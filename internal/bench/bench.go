@@ -111,6 +111,9 @@ type Config struct {
 	// a machine share its CPUs, as their hosts' or containers' CPU
 	// limits would divide them.
 	WorkerMaxProcs int
+	// WorkerProfile, for RunProcs, makes each worker process write a CPU
+	// profile of its drain to this path with ".N" added (N its index).
+	WorkerProfile string
 	// FloorFirst runs the floor before the drain rather than after it, so
 	// that rounds of a comparison can alternate which side runs first. The
 	// row-lock floor then uses c.Concurrency connections (the commit loop,

@@ -36,6 +36,7 @@ type workerSpec struct {
 	Concurrency int    `json:"concurrency"`
 	BatchSize   int    `json:"batch_size"`
 	Table       string `json:"table"`
+	Profile     string `json:"profile,omitempty"` // a CPU profile of the drain, to this path
 }
 
 // ProcResult is one worker process's part of a multi-process drain. Times
@@ -172,7 +173,7 @@ func RunProcs(ctx context.Context, c Config, procs int, command func() *exec.Cmd
 	}()
 	for i := range ws {
 		spec, _ := json.Marshal(workerSpec{Index: i, Driver: c.Driver, DSN: c.DSN, Form: c.Form.String(), Rows: c.Rows,
-			Concurrency: c.Concurrency, BatchSize: c.BatchSize, Table: c.Table})
+			Concurrency: c.Concurrency, BatchSize: c.BatchSize, Table: c.Table, Profile: workerProfile(c.WorkerProfile, i)})
 		cmd := command()
 		cmd.Env = append(os.Environ(), WorkerEnv+"="+string(spec))
 		if c.WorkerMaxProcs > 0 {
@@ -428,7 +429,16 @@ func WorkerConfig() (Config, int, error) {
 		return Config{}, 0, fmt.Errorf("bench worker: form %q: %v", s.Form, err)
 	}
 	return Config{Driver: s.Driver, DSN: s.DSN, Form: fl[0], Rows: s.Rows, Concurrency: s.Concurrency,
-		BatchSize: s.BatchSize, Table: s.Table, CommitDuration: -1}, s.Index, nil
+		BatchSize: s.BatchSize, Table: s.Table, CommitDuration: -1, WorkerProfile: s.Profile}, s.Index, nil
+}
+
+// workerProfile is worker i's CPU profile path: base with ".i" added, or
+// none.
+func workerProfile(base string, i int) string {
+	if base == "" {
+		return ""
+	}
+	return base + "." + strconv.Itoa(i)
 }
 
 // Worker is a worker process of RunProcs: it opens its pool, prints that
@@ -484,7 +494,16 @@ func worker(ctx context.Context, c Config, index int, in io.Reader, emit func(wo
 				lastNS.Store(time.Now().UnixNano())
 			}
 		}}
-	w := startWatch(db, Config{})
+	var wc Config
+	if c.WorkerProfile != "" {
+		f, err := os.Create(c.WorkerProfile)
+		if err != nil {
+			return fmt.Errorf("bench worker: %w", err)
+		}
+		defer f.Close()
+		wc.Profile = f
+	}
+	w := startWatch(db, wc)
 	begin := time.Now()
 	s, err := sb.Subscribe(ctx, t, h, p)
 	if err != nil {
