@@ -59,6 +59,12 @@ every 50 ms and the table's index reads per delivery; MariaDB: the
 server's InnoDB row lock waits and rows read). --procs-compare N runs one
 process with --concurrency handlers, then N processes with a share of
 them each, on the same fill size, and prints the ratio of their rates.
+--procs-apart gives each worker process a table of its own (the rows
+divided among them): the same processes and handlers, with no claim ever
+meeting another process's rows. With --procs-compare it is a third run of
+each round, and the ratios then split the comparison in two: what the
+processes cost apart (a table each over one process) and what sharing
+the table costs (one table over a table each).
 
 --share-cpus gives each worker process GOMAXPROCS of its share of the
 machine's CPUs (CPUs / processes, at least 1): four Go runtimes that each
@@ -113,6 +119,7 @@ func benchCmd(args []string) error {
 	fs.Var(&setup, "setup", "a statement to run once the table is created ({table}: its quoted name), e.g. per-table autovacuum settings; repeatable")
 	label := fs.String("label", "", "the run's name in charts over time (default: dialect and form)")
 	procsCompare := fs.Int("procs-compare", 0, "drain with 1 process of --concurrency handlers, then with this many of a share each; print the ratio")
+	procsApart := fs.Bool("procs-apart", false, "--procs: each worker process drains a table of its own (the rows divided among them); --procs-compare: also run the processes so, and print what sharing one table costs")
 	shareCPUs := fs.Bool("share-cpus", false, "--procs, --procs-compare: each worker process's GOMAXPROCS is its share of the machine's CPUs (CPUs / processes, at least 1), as separate hosts' or containers' limits would give")
 	cmpRounds := fs.Int("rounds", 1, "--floor, --procs-compare: run each comparison this many times, alternating which side runs first; print the ratios and their median")
 	_ = fs.Parse(args)
@@ -124,6 +131,9 @@ func benchCmd(args []string) error {
 	}
 	if *cmpRounds > 1 && !*floor && *procsCompare == 0 {
 		return errors.New("bench: --rounds repeats the comparisons of --floor or --procs-compare; give one of them")
+	}
+	if *procsApart && *procs == 0 && *procsCompare == 0 {
+		return errors.New("bench: --procs-apart divides the rows of --procs or --procs-compare among the processes; give one of them")
 	}
 	if *sample < 0 || *sample > 1 {
 		return fmt.Errorf("bench: --otel-sample %v: want a share from 0 to 1", *sample)
@@ -190,7 +200,7 @@ func benchCmd(args []string) error {
 		}
 		base := bench.Config{Driver: *driver, DSN: *dsn, Dialect: d, Rows: *rows, BatchSize: *batch, Keys: *keys,
 			Table: *table, Logf: logf, CommitDuration: -1, WorkerProfile: *cpuprofile}
-		return benchProcs(base, fl, cl, *procs, *procsCompare, *cmpRounds, *shareCPUs, *asJSON)
+		return benchProcs(base, fl, cl, *procs, *procsCompare, *cmpRounds, *shareCPUs, *procsApart, *asJSON)
 	}
 	var results []bench.Result
 	var compared []string

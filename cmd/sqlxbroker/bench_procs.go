@@ -20,9 +20,22 @@ type procsCompare struct {
 	Procs       int                `json:"procs"`
 	One         *bench.ProcsResult `json:"one"`
 	Many        *bench.ProcsResult `json:"many"`
-	Ratio       float64            `json:"ratio"`           // Many's deliveries/s over One's
-	Round       int                `json:"round,omitempty"` // of --rounds, from 1; in even rounds Many ran first
+	Ratio       float64            `json:"ratio"` // Many's deliveries/s over One's
+	// Apart (--procs-apart) is Procs processes again, each on a table
+	// of its own; ApartRatio its deliveries/s over One's, and Shared
+	// Many's over Apart's: what sharing the table costs.
+	Apart      *bench.ProcsResult `json:"apart,omitempty"`
+	ApartRatio float64            `json:"apart_ratio,omitempty"`
+	Shared     float64            `json:"shared_ratio,omitempty"`
+	Round      int                `json:"round,omitempty"` // of --rounds, from 1; in even rounds Many ran first
 }
+
+// The runs of one round of --procs-compare.
+const (
+	kindOne   = iota // one process with all the handlers
+	kindMany         // the processes on one table
+	kindApart        // the processes on a table each (--procs-apart)
+)
 
 // benchWorkerCmd is the command of one worker process: this program in
 // bench-worker mode.
@@ -31,17 +44,21 @@ var benchWorkerCmd = func() *exec.Cmd { return exec.Command(os.Args[0], "bench-w
 // benchProcs runs the multi-process drains of --procs or --procs-compare
 // for every form and concurrency; a comparison rounds times, alternating
 // which side runs first.
-func benchProcs(base bench.Config, forms []sqlxbroker.Form, concs []int, procs, compare, rounds int, shareCPUs, asJSON bool) error {
+func benchProcs(base bench.Config, forms []sqlxbroker.Form, concs []int, procs, compare, rounds int, shareCPUs, apart, asJSON bool) error {
 	ctx := context.Background()
 	worker := benchWorkerCmd
-	run := func(f sqlxbroker.Form, k, n int) (*bench.ProcsResult, error) {
+	run := func(f sqlxbroker.Form, k, n int, apart bool) (*bench.ProcsResult, error) {
 		c := base
-		c.Form, c.Concurrency = f, k
+		c.Form, c.Concurrency, c.Apart = f, k, apart && n > 1
 		if shareCPUs {
 			c.WorkerMaxProcs = max(1, runtime.NumCPU()/n)
 		}
 		if !asJSON {
-			fmt.Fprintf(os.Stderr, "%s drain, %d processes x %d handlers\n", f, n, k)
+			tables := ""
+			if c.Apart {
+				tables = ", a table each"
+			}
+			fmt.Fprintf(os.Stderr, "%s drain, %d processes x %d handlers%s\n", f, n, k, tables)
 		}
 		r, err := bench.RunProcs(ctx, c, n, worker)
 		if err != nil {
@@ -54,7 +71,7 @@ func benchProcs(base bench.Config, forms []sqlxbroker.Form, concs []int, procs, 
 	for _, f := range forms {
 		for _, k := range concs {
 			if procs > 0 {
-				r, err := run(f, k, procs)
+				r, err := run(f, k, procs, apart)
 				if err != nil {
 					return err
 				}
@@ -69,23 +86,32 @@ func benchProcs(base bench.Config, forms []sqlxbroker.Form, concs []int, procs, 
 				return fmt.Errorf("bench: --procs-compare %d: --concurrency %d is not a multiple of it", compare, k)
 			}
 			for round := range rounds {
-				var one, many *bench.ProcsResult
-				for _, first := range []bool{round%2 == 0, round%2 == 1} { // true: one process
+				// One process, the processes on the table, and with
+				// --procs-apart the processes on a table each, in an
+				// order that turns from round to round.
+				kinds := []int{kindOne, kindMany}
+				if apart {
+					kinds = append(kinds, kindApart)
+				}
+				var runs [3]*bench.ProcsResult
+				for i := range kinds {
+					kind := kinds[(i+round)%len(kinds)]
 					n, handlers := compare, k/compare
-					if first {
+					if kind == kindOne {
 						n, handlers = 1, k
 					}
-					r, err := run(f, handlers, n)
+					r, err := run(f, handlers, n, kind == kindApart)
 					if err != nil {
 						return err
 					}
-					if first {
-						one = r
-					} else {
-						many = r
-					}
+					runs[kind] = r
 				}
+				one, many := runs[kindOne], runs[kindMany]
 				cmp := procsCompare{Form: f.String(), Concurrency: k, Procs: compare, One: one, Many: many, Ratio: many.PerSecond / one.PerSecond}
+				if a := runs[kindApart]; a != nil {
+					cmp.Apart, cmp.ApartRatio, cmp.Shared = a, a.PerSecond/one.PerSecond, many.PerSecond/a.PerSecond
+					all = append(all, a)
+				}
 				if rounds > 1 {
 					cmp.Round = round + 1
 				}
@@ -107,15 +133,28 @@ func benchProcs(base bench.Config, forms []sqlxbroker.Form, concs []int, procs, 
 			}
 			fmt.Printf("%s%s: %d processes x %d handlers %.0f/s, 1 x %d %.0f/s: ratio %.2f\n",
 				c.Form, round, c.Procs, c.Concurrency/c.Procs, c.Many.PerSecond, c.Concurrency, c.One.PerSecond, c.Ratio)
+			if c.Apart != nil {
+				fmt.Printf("%s%s: %d processes on a table each %.0f/s: %.2f of 1 process; on one table %.2f of that\n",
+					c.Form, round, c.Procs, c.Apart.PerSecond, c.ApartRatio, c.Shared)
+			}
+		}
+		order := "the processes first in every second"
+		if apart {
+			order = "one process, the processes on one table and on a table each, in turn first"
 		}
 		for i := 0; rounds > 1 && i < len(cmps); i += rounds {
 			set := cmps[i : i+rounds]
 			ratios := make([]float64, len(set))
+			apartR, shared := make([]float64, len(set)), make([]float64, len(set))
 			for j, c := range set {
-				ratios[j] = c.Ratio
+				ratios[j], apartR[j], shared[j] = c.Ratio, c.ApartRatio, c.Shared
 			}
-			fmt.Printf("%s, %d processes over 1 at %d handlers, %d rounds (the processes first in every second): %s\n",
-				set[0].Form, set[0].Procs, set[0].Concurrency, rounds, roundRatios(ratios))
+			fmt.Printf("%s, %d processes over 1 at %d handlers, %d rounds (%s): %s\n",
+				set[0].Form, set[0].Procs, set[0].Concurrency, rounds, order, roundRatios(ratios))
+			if apart {
+				fmt.Printf("%s, %d processes on a table each over 1: %s\n", set[0].Form, set[0].Procs, roundRatios(apartR))
+				fmt.Printf("%s, %d processes on one table over a table each: %s\n", set[0].Form, set[0].Procs, roundRatios(shared))
+			}
 		}
 	}
 	return nil
@@ -135,6 +174,9 @@ func printProcs(rs []*bench.ProcsResult) {
 		maxProcs := ""
 		if len(r.PerProcess) > 0 && r.PerProcess[0].MaxProcs != runtime.NumCPU() {
 			maxProcs = fmt.Sprintf(" (GOMAXPROCS %d)", r.PerProcess[0].MaxProcs)
+		}
+		if r.Apart {
+			maxProcs += ", a table each"
 		}
 		fmt.Printf("| %s | %d x %d%s | %d | %.0f | %.2f | %d | %.1f | %d | %s |\n",
 			r.Form, r.Procs, r.Concurrency, maxProcs, r.Rows, r.PerSecond, r.P99Ms, r.PeakConns, r.CPUMicros, r.Errors, per)

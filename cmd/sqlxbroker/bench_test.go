@@ -14,10 +14,10 @@ import (
 )
 
 // TestBenchProcsCompare runs `bench --procs-compare 2 --rounds 2
-// --share-cpus --json` on an SQLite file: two rounds of one process with
-// all the handlers against two with half each, every row delivered in each
-// run, the ratio printed is theirs, and each worker ran with its share of
-// the CPUs. Its workers are this test binary again
+// --share-cpus --procs-apart --json` on an SQLite file: two rounds of one
+// process with all the handlers against two with half each, on one table
+// and on a table each, every row delivered in each run, the ratios printed
+// are theirs, and each worker ran with its share of the CPUs. Its workers are this test binary again
 // (bench.WorkerEnv set).
 func TestBenchProcsCompare(t *testing.T) {
 	if os.Getenv(bench.WorkerEnv) != "" {
@@ -30,7 +30,7 @@ func TestBenchProcsCompare(t *testing.T) {
 	benchWorkerCmd = func() *exec.Cmd { return exec.Command(os.Args[0], "-test.run=^TestBenchProcsCompare$") }
 	defer func() { benchWorkerCmd = old }()
 
-	lines := benchJSON(t, 2, "--procs-compare", "2", "--rounds", "2", "--share-cpus", "--table", "sxb_cli_procs")
+	lines := benchJSON(t, 2, "--procs-compare", "2", "--rounds", "2", "--share-cpus", "--procs-apart", "--table", "sxb_cli_procs")
 	for i, line := range lines {
 		var c procsCompare
 		if err := json.Unmarshal([]byte(line), &c); err != nil {
@@ -40,6 +40,18 @@ func TestBenchProcsCompare(t *testing.T) {
 			t.Errorf("line %d: round %d", i+1, c.Round)
 		}
 		checkProcsCompare(t, c)
+		if c.Apart == nil || !c.Apart.Apart || c.Many.Apart || c.Apart.Procs != 2 || c.Apart.Deliveries != 600 {
+			t.Fatalf("line %d: the run on a table each: %+v", i+1, c.Apart)
+		}
+		for _, p := range c.Apart.PerProcess {
+			if p.Deliveries != 300 {
+				t.Errorf("line %d: worker %d on its own table delivered %d, want 300", i+1, p.Index, p.Deliveries)
+			}
+		}
+		if c.ApartRatio != c.Apart.PerSecond/c.One.PerSecond || c.Shared != c.Many.PerSecond/c.Apart.PerSecond {
+			t.Errorf("line %d: ratios %v and %v, want %v and %v", i+1, c.ApartRatio, c.Shared,
+				c.Apart.PerSecond/c.One.PerSecond, c.Many.PerSecond/c.Apart.PerSecond)
+		}
 	}
 }
 
@@ -74,6 +86,7 @@ func TestBenchProcsBadInput(t *testing.T) {
 	}{
 		{[]string{"--procs-compare", "3", "--concurrency", "8"}, "not a multiple"},
 		{[]string{"--procs", "2", "--procs-compare", "2"}, "exclude each other"},
+		{[]string{"--procs-apart"}, "--procs-apart divides the rows of --procs or --procs-compare"},
 		{[]string{"--procs", "2", "--mode", "steady"}, "drains only"},
 		{[]string{"--rounds", "3"}, "--rounds repeats the comparisons of --floor or --procs-compare"},
 		{[]string{"--rounds", "0", "--floor"}, "--rounds 0: want at least 1"},

@@ -111,6 +111,12 @@ type Config struct {
 	// a machine share its CPUs, as their hosts' or containers' CPU
 	// limits would divide them.
 	WorkerMaxProcs int
+	// Apart, for RunProcs, gives each worker process a table of its own
+	// (the table's name with "_N" added, c.Rows over the processes each):
+	// the same processes and handlers with no claim ever meeting another
+	// process's, what the processes would drain if the table were not
+	// shared.
+	Apart bool
 	// WorkerProfile, for RunProcs, makes each worker process write a CPU
 	// profile of its drain to this path with ".N" added (N its index).
 	WorkerProfile string

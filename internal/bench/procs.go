@@ -113,6 +113,7 @@ type ProcsResult struct {
 	Procs       int          `json:"procs"`
 	Concurrency int          `json:"concurrency"` // handlers per process
 	Rows        int          `json:"rows"`
+	Apart       bool         `json:"apart,omitempty"` // each process drained a table of its own (Config.Apart)
 	Deliveries  int64        `json:"deliveries"`
 	Seconds     float64      `json:"seconds"`
 	PerSecond   float64      `json:"deliveries_per_sec"`
@@ -134,7 +135,8 @@ const SampleEvery = 50 * time.Millisecond
 // its standard input and output. The workers open their pools and say so;
 // once all have, each is told to start at once (the start barrier), and
 // each reports its deliveries as they go; when they add up to c.Rows every
-// worker stops and reports its result.
+// worker stops and reports its result. With c.Apart each worker drains a
+// table of its own instead (see Config.Apart).
 func RunProcs(ctx context.Context, c Config, procs int, command func() *exec.Cmd) (*ProcsResult, error) {
 	if err := c.defaults(); err != nil {
 		return nil, err
@@ -151,17 +153,21 @@ func RunProcs(ctx context.Context, c Config, procs int, command func() *exec.Cmd
 	}
 	defer db.Close()
 	b := sqlxbroker.OpenDialect(db, c.Dialect)
-	t := Table(c.Table, c.Form)
-	if err := recreate(ctx, b, t); err != nil {
-		return nil, err
-	}
-	defer drop(b, t.Name)
-	c.Logf("filling %d rows", c.Rows)
-	if err := fill(ctx, &c, b, t); err != nil {
-		return nil, fmt.Errorf("bench: fill: %w", err)
+	tables := procTables(c, procs)
+	for i, name := range tables {
+		t := Table(name, c.Form)
+		if err := recreate(ctx, b, t); err != nil {
+			return nil, err
+		}
+		defer drop(b, t.Name)
+		n := procRows(c.Rows, len(tables), i)
+		c.Logf("filling %d rows into %s", n, name)
+		if err := fillRows(ctx, &c, b, t, n, true); err != nil {
+			return nil, fmt.Errorf("bench: fill: %w", err)
+		}
 	}
 	r := &ProcsResult{Dialect: c.Dialect.Name(), Server: serverVersion(ctx, db), Form: c.Form.String(),
-		Procs: procs, Concurrency: c.Concurrency, Rows: c.Rows}
+		Procs: procs, Concurrency: c.Concurrency, Rows: c.Rows, Apart: c.Apart}
 
 	ws := make([]*workerProc, procs)
 	defer func() {
@@ -173,7 +179,7 @@ func RunProcs(ctx context.Context, c Config, procs int, command func() *exec.Cmd
 	}()
 	for i := range ws {
 		spec, _ := json.Marshal(workerSpec{Index: i, Driver: c.Driver, DSN: c.DSN, Form: c.Form.String(), Rows: c.Rows,
-			Concurrency: c.Concurrency, BatchSize: c.BatchSize, Table: c.Table, Profile: workerProfile(c.WorkerProfile, i)})
+			Concurrency: c.Concurrency, BatchSize: c.BatchSize, Table: tables[i%len(tables)], Profile: workerProfile(c.WorkerProfile, i)})
 		cmd := command()
 		cmd.Env = append(os.Environ(), WorkerEnv+"="+string(spec))
 		if c.WorkerMaxProcs > 0 {
@@ -189,7 +195,7 @@ func RunProcs(ctx context.Context, c Config, procs int, command func() *exec.Cmd
 		}
 	}
 	c.Logf("draining with %d processes x %d handlers", procs, c.Concurrency)
-	probe, err := startContention(ctx, c, db, t.Name)
+	probe, err := startContention(ctx, c, db, tables)
 	if err != nil {
 		return nil, err
 	}
@@ -260,6 +266,29 @@ func RunProcs(ctx context.Context, c Config, procs int, command func() *exec.Cmd
 		r.PerSecond = float64(r.Deliveries) / r.Seconds
 	}
 	return r, nil
+}
+
+// procTables names the tables of a multi-process drain: c.Table, or with
+// c.Apart one per process.
+func procTables(c Config, procs int) []string {
+	if !c.Apart {
+		return []string{c.Table}
+	}
+	out := make([]string, procs)
+	for i := range out {
+		out[i] = c.Table + "_" + strconv.Itoa(i)
+	}
+	return out
+}
+
+// procRows is table i's share of rows over n tables: the first tables
+// take the remainder.
+func procRows(rows, n, i int) int {
+	share := rows / n
+	if i < rows%n {
+		share++
+	}
+	return share
 }
 
 // workerProc is a running worker process, seen from RunProcs.
@@ -551,7 +580,7 @@ loop:
 type contention struct {
 	c      Config
 	db     *sqlx.DB
-	table  string
+	tables []string
 	pg     bool
 	before map[string]int64
 	stopc  chan struct{}
@@ -561,8 +590,8 @@ type contention struct {
 	events                        map[string]int64
 }
 
-func startContention(ctx context.Context, c Config, db *sqlx.DB, table string) (*contention, error) {
-	k := &contention{c: c, db: db, table: table, stopc: make(chan struct{}), ended: make(chan struct{}), events: map[string]int64{}}
+func startContention(ctx context.Context, c Config, db *sqlx.DB, tables []string) (*contention, error) {
+	k := &contention{c: c, db: db, tables: tables, stopc: make(chan struct{}), ended: make(chan struct{}), events: map[string]int64{}}
 	var one int
 	k.pg = db.QueryRowContext(ctx, "SELECT 1 FROM pg_stat_activity LIMIT 1").Scan(&one) == nil
 	var err error
@@ -578,7 +607,8 @@ func startContention(ctx context.Context, c Config, db *sqlx.DB, table string) (
 }
 
 // pgActivity counts the run's active statements by wait: those that name
-// the table and the advisory key statements.
+// the table (or, with Config.Apart, any of the tables, whose names hold
+// it) and the advisory key statements.
 const pgActivity = `SELECT coalesce(wait_event_type, ''), coalesce(wait_event, ''), count(*)
 FROM pg_stat_activity
 WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'active'
@@ -595,7 +625,7 @@ func (k *contention) sample() {
 			return
 		case <-t.C:
 		}
-		rows, err := k.db.Query(pgActivity, k.table)
+		rows, err := k.db.Query(pgActivity, k.c.Table) // every table's name holds it
 		if err != nil {
 			continue
 		}
@@ -628,12 +658,15 @@ func (k *contention) sample() {
 func (k *contention) counters(ctx context.Context) (map[string]int64, error) {
 	out := map[string]int64{}
 	if k.pg {
-		var read, fetch int64
-		err := k.db.QueryRowContext(ctx, `SELECT coalesce(sum(idx_tup_read), 0)::bigint, coalesce(sum(idx_tup_fetch), 0)::bigint FROM pg_stat_user_indexes WHERE relname = $1`, k.table).Scan(&read, &fetch)
-		if err != nil {
-			return nil, fmt.Errorf("bench: pg_stat_user_indexes: %w", err)
+		for _, t := range k.tables {
+			var read, fetch int64
+			err := k.db.QueryRowContext(ctx, `SELECT coalesce(sum(idx_tup_read), 0)::bigint, coalesce(sum(idx_tup_fetch), 0)::bigint FROM pg_stat_user_indexes WHERE relname = $1`, t).Scan(&read, &fetch)
+			if err != nil {
+				return nil, fmt.Errorf("bench: pg_stat_user_indexes: %w", err)
+			}
+			out["idx_tup_read"] += read
+			out["idx_tup_fetch"] += fetch
 		}
-		out["idx_tup_read"], out["idx_tup_fetch"] = read, fetch
 		var commits int64
 		if err := k.db.QueryRowContext(ctx, "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()").Scan(&commits); err == nil {
 			out["xact_commit"] = commits
