@@ -3,7 +3,9 @@
 # each form against its own statements, against the local servers: for
 # PostgreSQL and MariaDB, one process against four on one table
 # (--procs-compare 4: lease and advisory 1 x 1,000 handlers against
-# 4 x 250, row lock 1 x 32 against 4 x 8), then the lease and advisory
+# 4 x 250, row lock 1 x 32 against 4 x 8; with --procs-apart, the four
+# processes also on a table each, which splits the ratio into what the
+# processes cost and what sharing the table costs), then the lease and advisory
 # forms against their floors (--floor) at 64 and 1,000 handlers. Each
 # comparison runs ROUNDS times (--rounds: alternating which side runs
 # first, the median printed); the process comparisons run twice, with each
@@ -43,9 +45,9 @@ for db in postgres mysql; do
 	mysql) dsn=$MY; big=50000; adv=10000; rl=10000 ;;
 	esac
 	for share in "" --share-cpus; do
-		run "$db procs lease $share" --driver $db --dsn "$dsn" --form lease --concurrency 1000 --rows $big --procs-compare 4 --rounds "$ROUNDS" $share
-		run "$db procs row-lock $share" --driver $db --dsn "$dsn" --form row-lock --concurrency 32 --rows $rl --procs-compare 4 --rounds "$ROUNDS" $share
-		run "$db procs advisory $share" --driver $db --dsn "$dsn" --form advisory --concurrency 1000 --rows $adv --procs-compare 4 --rounds "$ROUNDS" $share
+		run "$db procs lease $share" --driver $db --dsn "$dsn" --form lease --concurrency 1000 --rows $big --procs-compare 4 --procs-apart --rounds "$ROUNDS" $share
+		run "$db procs row-lock $share" --driver $db --dsn "$dsn" --form row-lock --concurrency 32 --rows $rl --procs-compare 4 --procs-apart --rounds "$ROUNDS" $share
+		run "$db procs advisory $share" --driver $db --dsn "$dsn" --form advisory --concurrency 1000 --rows $adv --procs-compare 4 --procs-apart --rounds "$ROUNDS" $share
 	done
 	run "$db floors" --driver $db --dsn "$dsn" --form lease,advisory --concurrency 64,1000 --rows $adv --floor --rounds $((ROUNDS + 2)) --commit-duration -1s
 done

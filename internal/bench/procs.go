@@ -37,6 +37,7 @@ type workerSpec struct {
 	BatchSize   int    `json:"batch_size"`
 	Table       string `json:"table"`
 	Profile     string `json:"profile,omitempty"` // a CPU profile of the drain, to this path
+	Apart       bool   `json:"apart,omitempty"`   // the table is this worker's alone (Config.Apart)
 }
 
 // ProcResult is one worker process's part of a multi-process drain. Times
@@ -179,7 +180,7 @@ func RunProcs(ctx context.Context, c Config, procs int, command func() *exec.Cmd
 	}()
 	for i := range ws {
 		spec, _ := json.Marshal(workerSpec{Index: i, Driver: c.Driver, DSN: c.DSN, Form: c.Form.String(), Rows: c.Rows,
-			Concurrency: c.Concurrency, BatchSize: c.BatchSize, Table: tables[i%len(tables)], Profile: workerProfile(c.WorkerProfile, i)})
+			Concurrency: c.Concurrency, BatchSize: c.BatchSize, Table: tables[i%len(tables)], Profile: workerProfile(c.WorkerProfile, i), Apart: c.Apart})
 		cmd := command()
 		cmd.Env = append(os.Environ(), WorkerEnv+"="+string(spec))
 		if c.WorkerMaxProcs > 0 {
@@ -458,7 +459,7 @@ func WorkerConfig() (Config, int, error) {
 		return Config{}, 0, fmt.Errorf("bench worker: form %q: %v", s.Form, err)
 	}
 	return Config{Driver: s.Driver, DSN: s.DSN, Form: fl[0], Rows: s.Rows, Concurrency: s.Concurrency,
-		BatchSize: s.BatchSize, Table: s.Table, CommitDuration: -1, WorkerProfile: s.Profile}, s.Index, nil
+		BatchSize: s.BatchSize, Table: s.Table, CommitDuration: -1, WorkerProfile: s.Profile, Apart: s.Apart}, s.Index, nil
 }
 
 // workerProfile is worker i's CPU profile path: base with ".i" added, or
@@ -513,6 +514,11 @@ func worker(ctx context.Context, c Config, index int, in io.Reader, emit func(wo
 	}
 	sb := sqlxbroker.OpenDialect(db, c.Dialect)
 	t := Table(c.Table, c.Form)
+	if c.Apart && t.AdvisoryLock != "" {
+		// Advisory keys are the database's, not a table's: a table of
+		// its own has keys of its own too.
+		t.AdvisoryLock = c.Table + "-" + t.AdvisoryLock
+	}
 	var pb probe
 	var lastNS atomic.Int64
 	h := sqlxbroker.Handler(pb.handle)

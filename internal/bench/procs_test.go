@@ -121,35 +121,42 @@ func TestRunProcsRefuses(t *testing.T) {
 func TestRunProcsApart(t *testing.T) {
 	self := func() *exec.Cmd { return exec.Command(os.Args[0], "-test.run=^$") }
 	for _, tg := range targets(t) {
-		t.Run(tg.name, func(t *testing.T) {
-			const rows, procs = 1000, 3
-			r, err := RunProcs(context.Background(), Config{Driver: tg.driver, DSN: tg.dsn, Dialect: tg.dialect, Form: sqlxbroker.Lease,
-				Rows: rows, Concurrency: 8, Table: "sxb_apart_test", Apart: true}, procs, self)
-			if err != nil {
-				t.Fatal(err)
+		for _, f := range []sqlxbroker.Form{sqlxbroker.Lease, sqlxbroker.Advisory} {
+			if tg.name == "sqlite" && f == sqlxbroker.Advisory {
+				continue // SQLite's advisory keys live in one process per file
 			}
-			if !r.Apart || r.Deliveries != rows || r.Errors != 0 || len(r.PerProcess) != procs {
-				t.Fatalf("apart %v: delivered %d of %d with %d errors by %d processes", r.Apart, r.Deliveries, rows, r.Errors, len(r.PerProcess))
-			}
-			for _, p := range r.PerProcess {
-				if want := int64(procRows(rows, procs, p.Index)); p.Deliveries != want {
-					t.Errorf("process %d delivered %d, want its table's %d", p.Index, p.Deliveries, want)
-				}
-			}
-			if tg.name == "postgres" && r.Contention.IndexReadPerDelivery < 1 {
-				t.Errorf("PostgreSQL index reads not summed over the tables: %+v", r.Contention)
-			}
-			db, err := open(Config{Driver: tg.driver, DSN: tg.dsn, Concurrency: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer db.Close()
-			for _, name := range procTables(Config{Table: "sxb_apart_test", Apart: true}, procs) {
-				var n int
-				if err := db.QueryRow("SELECT count(*) FROM " + name).Scan(&n); err == nil {
-					t.Errorf("table %s is still there, with %d rows", name, n)
-				}
-			}
-		})
+			t.Run(tg.name+"/"+f.String(), func(t *testing.T) { testRunProcsApart(t, tg, f, self) })
+		}
+	}
+}
+
+func testRunProcsApart(t *testing.T, tg target, f sqlxbroker.Form, self func() *exec.Cmd) {
+	const rows, procs = 1000, 3
+	r, err := RunProcs(context.Background(), Config{Driver: tg.driver, DSN: tg.dsn, Dialect: tg.dialect, Form: f,
+		Rows: rows, Concurrency: 8, Keys: 100, Table: "sxb_apart_test", Apart: true}, procs, self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Apart || r.Deliveries != rows || r.Errors != 0 || len(r.PerProcess) != procs {
+		t.Fatalf("apart %v: delivered %d of %d with %d errors by %d processes", r.Apart, r.Deliveries, rows, r.Errors, len(r.PerProcess))
+	}
+	for _, p := range r.PerProcess {
+		if want := int64(procRows(rows, procs, p.Index)); p.Deliveries != want {
+			t.Errorf("process %d delivered %d, want its table's %d", p.Index, p.Deliveries, want)
+		}
+	}
+	if tg.name == "postgres" && r.Contention.IndexReadPerDelivery < 1 {
+		t.Errorf("PostgreSQL index reads not summed over the tables: %+v", r.Contention)
+	}
+	db, err := open(Config{Driver: tg.driver, DSN: tg.dsn, Concurrency: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for _, name := range procTables(Config{Table: "sxb_apart_test", Apart: true}, procs) {
+		var n int
+		if err := db.QueryRow("SELECT count(*) FROM " + name).Scan(&n); err == nil {
+			t.Errorf("table %s is still there, with %d rows", name, n)
+		}
 	}
 }
