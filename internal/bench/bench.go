@@ -112,8 +112,9 @@ type Config struct {
 	// limits would divide them.
 	WorkerMaxProcs int
 	// Apart, for RunProcs, gives each worker process a table of its own
-	// (the table's name with "_N" added, c.Rows over the processes each):
-	// the same processes and handlers with no claim ever meeting another
+	// (the table's name with "_N" added; c.Rows and c.Keys divided among
+	// them, each table's advisory keys named apart): the same processes,
+	// handlers and keys in all, with no claim ever meeting another
 	// process's, what the processes would drain if the table were not
 	// shared.
 	Apart bool

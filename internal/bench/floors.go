@@ -84,8 +84,11 @@ func LeaseFloor(ctx context.Context, c Config, db *sqlx.DB) (float64, int, time.
 			var ids []any
 			var token any
 			for _, from := range []int64{cursor.Load(), 0} {
-				var err error
-				if ids, token, err = leaseFloorClaim(ctx, conn, opts, p, from, size); err != nil {
+				err := floorRetry(p, func() (err error) {
+					ids, token, err = leaseFloorClaim(ctx, conn, opts, p, from, size)
+					return err
+				})
+				if err != nil {
 					return err
 				}
 				if len(ids) > 0 || from == 0 {
@@ -99,7 +102,7 @@ func LeaseFloor(ctx context.Context, c Config, db *sqlx.DB) (float64, int, time.
 				for c := cursor.Load(); n > c && !cursor.CompareAndSwap(c, n); c = cursor.Load() {
 				}
 			}
-			if err := leaseFloorComplete(ctx, conn, p, feats, ids, token); err != nil {
+			if err := floorRetry(p, func() error { return leaseFloorComplete(ctx, conn, p, feats, ids, token) }); err != nil {
 				return err
 			}
 			total.Add(int64(len(ids)))
@@ -113,6 +116,21 @@ func LeaseFloor(ctx context.Context, c Config, db *sqlx.DB) (float64, int, time.
 	}
 	return float64(c.Rows) / elapsed.Seconds(), loops, cpu, nil
 }
+
+// floorRetry runs do again, up to floorRetries more times, while it fails
+// with a conflict (core.ConflictDetector: a deadlock, a lost certification
+// on a cluster), as the forms run their statements: a transaction that
+// lost rolled back whole, so running it again is what the form would do.
+func floorRetry(p *core.Plan, do func() error) error {
+	err := do()
+	for i := 0; i < floorRetries && err != nil && p.Caps.ConflictDetector != nil && p.Caps.ConflictDetector.Conflict(err); i++ {
+		err = do()
+	}
+	return err
+}
+
+// floorRetries is how many times floorRetry runs a statement again.
+const floorRetries = 6
 
 // leaseFloorClaim claims up to size rows after id from with the form's
 // claim and returns their ids, in claim order, and the lease deadline

@@ -155,6 +155,12 @@ func RunProcs(ctx context.Context, c Config, procs int, command func() *exec.Cmd
 	defer db.Close()
 	b := sqlxbroker.OpenDialect(db, c.Dialect)
 	tables := procTables(c, procs)
+	fc := c
+	if len(tables) > 1 {
+		// The keys are divided as the rows are: as many keys in all, so
+		// a key is as often held when its next row is tried.
+		fc.Keys = max(1, c.Keys/len(tables))
+	}
 	for i, name := range tables {
 		t := Table(name, c.Form)
 		if err := recreate(ctx, b, t); err != nil {
@@ -163,7 +169,7 @@ func RunProcs(ctx context.Context, c Config, procs int, command func() *exec.Cmd
 		defer drop(b, t.Name)
 		n := procRows(c.Rows, len(tables), i)
 		c.Logf("filling %d rows into %s", n, name)
-		if err := fillRows(ctx, &c, b, t, n, true); err != nil {
+		if err := fillRows(ctx, &fc, b, t, n, true); err != nil {
 			return nil, fmt.Errorf("bench: fill: %w", err)
 		}
 	}
