@@ -169,6 +169,14 @@ func (p *Plan) NextAttempt(alias string) string {
 	return "CASE WHEN " + a + " IS NULL OR " + a + " < 1 THEN 2 ELSE " + a + " + 1 END"
 }
 
+// Uncounted is the condition over alias that no claim has counted an
+// attempt of the row yet (NextAttempt): its attempt is NULL or below 2, as
+// a new row's is (a row released or snoozed has its count taken back).
+func (p *Plan) Uncounted(alias string) string {
+	a := col(alias, p.QAttempt)
+	return "(" + a + " IS NULL OR " + a + " < 2)"
+}
+
 // PrevAttempt is the attempt over alias with the claim's count taken back
 // (never below 1): a snoozed delivery of the forms that count at claim.
 func (p *Plan) PrevAttempt(alias string) string {

@@ -94,6 +94,14 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	// cursor), where the last claims found rows: a claim reads from there
 	// first. A full scan (periodic, or when the rows ahead of the cursor
 	// were too few) starts at the first row and looks past them too.
+	//
+	// From the cursor a claim reads only rows no claim has counted yet
+	// (Plan.Uncounted): ahead of it lie the deliveries other
+	// subscriptions took since (another process's, their attempts counted
+	// as they were taken), whose keys would be tried in vain, and whose
+	// rows, once finished, would be locked and looked for in vain. A
+	// counted row that is claimable again (a retry) is found by the next
+	// full scan, as one behind the cursor is.
 	f.mu.Lock()
 	held := len(f.held)
 	f.mu.Unlock()
@@ -112,7 +120,11 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 		if from == "" {
 			first += held
 		}
-		got, end, last, err := f.claimFrom(ctx, cols, where+from, append(append([]any{}, args...), fromArgs...), first, max-len(out), tried, keep)
+		w := where
+		if from != "" {
+			w += " AND " + p.Uncounted(p.Alias) + from
+		}
+		got, end, last, err := f.claimFrom(ctx, cols, w, append(append([]any{}, args...), fromArgs...), first, max-len(out), tried, keep)
 		out = append(out, got...)
 		if keep {
 			// A rescan's rows leave the cursor where it was (see cursor).

@@ -71,6 +71,59 @@ func TestClaimCursor(t *testing.T) {
 	}
 }
 
+// TestAdvisoryCursorSkipsCounted: an advisory claim from the cursor reads
+// only rows no claim has counted, so rows ahead of it that another
+// subscription took (their attempt counted) are not read and tried in
+// vain; a counted row that is claimable (a retry, a row published with its
+// attempt counted) is found by the next full scan, never left behind.
+func TestAdvisoryCursorSkipsCounted(t *testing.T) {
+	t.Cleanup(func() { forms.SetFullScanEvery(100 * time.Millisecond) })
+	forms.SetFullScanEvery(time.Hour)
+	ctx := context.Background()
+	for _, c := range prioTables(t, "fx_counted") {
+		if c.tb.Form() != sqlxbroker.Advisory {
+			continue
+		}
+		t.Run(c.name, func(t *testing.T) {
+			db, b, tb := c.db, c.b, c.tb
+			for i := 1; i <= 4; i++ {
+				m := map[string]any{"account": fmt.Sprint("a", i), "prio": 0}
+				if i == 3 {
+					m[tb.AttemptColumn()] = 2 // counted once: taken before, now claimable again
+				}
+				if err := b.Publish(ctx, db, tb, m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f := conformance.StartForm(t, b, tb)
+			var held []core.Claim
+			t.Cleanup(func() {
+				for _, c := range held {
+					_ = conformance.Complete(ctx, c, sqlxbroker.Outcome{Kind: sqlxbroker.Released})
+				}
+			})
+			claim := func(want string) {
+				t.Helper()
+				cs, err := f.Claim(ctx, 1)
+				if err != nil || len(cs) != 1 {
+					t.Fatalf("claim: %d claims, %v; want row %s", len(cs), err, want)
+				}
+				held = append(held, cs[0])
+				if got := fmt.Sprint(sqlxbroker.NewDelivery(cs[0]).ID()); got != want {
+					t.Fatalf("claimed row %s, want %s", got, want)
+				}
+			}
+			claim("1") // the first claim scans from the first row
+			claim("2") // from the cursor
+			claim("4") // from the cursor: row 3 is counted, not read
+			claim("3") // nothing uncounted ahead: a full scan at once
+			if cs, err := f.Claim(ctx, 1); err != nil || len(cs) != 0 {
+				t.Fatalf("claim with every row held: %d claims, %v", len(cs), err)
+			}
+		})
+	}
+}
+
 // TestRescanOnWake: in a table ordered by more than its ID, a row
 // published with a higher priority sorts before the claim cursor. A
 // wake-up (core.Rescanner) makes the next claim scan from the first row,
