@@ -37,6 +37,7 @@ type batcher[T any] struct {
 
 	mu         sync.Mutex
 	queue      []T
+	spare      []T  // a written batch's array, cleared: the next queue grows in it
 	flushing   int  // goroutines collecting or writing batches
 	collecting bool // one of them waits for its batch to grow
 	target     int  // the queue length that ends the collection
@@ -51,6 +52,9 @@ func (b *batcher[T]) add(c T) bool {
 	if b.closed {
 		b.mu.Unlock()
 		return false
+	}
+	if b.queue == nil && b.spare != nil {
+		b.queue, b.spare = b.spare, nil
 	}
 	b.queue = append(b.queue, c)
 	if b.collecting && len(b.queue) >= b.target {
@@ -87,7 +91,7 @@ func (b *batcher[T]) run() {
 			// Nothing to write, or another goroutine collects what
 			// has queued: it writes that.
 			if n == 0 {
-				b.queue = nil // the written claims go with the old array
+				b.queue = nil // the next grows in the spare array
 			}
 			b.flushing--
 			b.mu.Unlock()
@@ -97,6 +101,14 @@ func (b *batcher[T]) run() {
 		b.queue = b.queue[n:]
 		b.mu.Unlock()
 		b.flush(batch)
+		// The written claims go; their array is the next queue's (the
+		// queue left behind lies past it).
+		clear(batch)
+		b.mu.Lock()
+		if cap(batch) > cap(b.spare) {
+			b.spare = batch[:0]
+		}
+		b.mu.Unlock()
 	}
 }
 

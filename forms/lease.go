@@ -608,8 +608,12 @@ const LeaseConnections = leaseClaimers + flushers + 1
 func (f *lease) flush(batch []*leaseClaim) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var wins []*leaseClaim
-	seen := make(map[any]bool, len(batch))
+	wins := make([]*leaseClaim, 0, len(batch))
+	seen := seenIDs.Get().(map[any]bool)
+	defer func() {
+		clear(seen)
+		seenIDs.Put(seen)
+	}()
 	for _, r := range batch {
 		id := mapKey(r.row.ID)
 		if r.o.Kind != core.Succeeded || seen[id] {
@@ -629,6 +633,10 @@ func (f *lease) flush(batch []*leaseClaim) {
 		r.done(errs[i])
 	}
 }
+
+// seenIDs holds the maps flush finds a batch's repeated ids with, kept
+// from batch to batch rather than grown again for each.
+var seenIDs = sync.Pool{New: func() any { return map[any]bool{} }}
 
 // succeed completes successful deliveries together: deleted, or marked done
 // when the table has a DoneAt column. Per request: nil, ErrLeaseLost, or
