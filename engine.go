@@ -310,19 +310,25 @@ func (s *Subscription) loop(first bool) {
 	conflicts := 0 // claims in a row that ended in ErrConflict
 	// A form that claims a batch in one statement claims once half a batch
 	// of handlers is free while work is in flight, so claims are not made
-	// one row at a time. A form that claims row by row claims as soon as a
+	// one row at a time; but it waits for them at most about as long as
+	// its last claim took (claimWait), and then claims for the handlers
+	// that are free: handlers busy with long deliveries do not keep the
+	// others idle. A form that claims row by row claims as soon as a
 	// handler is free, and its workers claim their next row themselves
 	// while rows keep coming (see worker).
 	least := 1
 	if s.batching {
 		least = (s.p.BatchSize + 1) / 2
 	}
+	var took time.Duration // the last claim's
+	var waiting time.Time  // since when free handlers wait for more (zero: none wait)
 	for s.claimCtx.Err() == nil {
 		s.reserveMu.Lock()
 		busy := s.inflight.Load() + s.reserved.Load()
 		free := s.p.Concurrency - int(busy)
-		if free < 1 || (free < least && busy > 0) {
+		if free < 1 {
 			s.reserveMu.Unlock()
+			waiting = time.Time{}
 			select {
 			case <-s.freed:
 			case <-s.unreserved:
@@ -330,10 +336,31 @@ func (s *Subscription) loop(first bool) {
 			}
 			continue
 		}
+		if free < least && busy > 0 {
+			now := time.Now()
+			if waiting.IsZero() {
+				waiting = now
+			}
+			if left := claimWait(took) - now.Sub(waiting); left > 0 {
+				s.reserveMu.Unlock()
+				t := time.NewTimer(left)
+				select {
+				case <-s.freed:
+				case <-s.unreserved:
+				case <-t.C:
+				case <-s.claimCtx.Done():
+				}
+				t.Stop()
+				continue
+			}
+		}
+		waiting = time.Time{}
 		n := min(free, s.p.BatchSize)
 		s.reserved.Add(int64(n))
 		s.reserveMu.Unlock()
+		began := time.Now()
 		claims, err := s.claim(n)
+		took = time.Since(began)
 		s.start(claims)
 		s.reserved.Add(-int64(n))
 		if len(claims) < n && s.claimers > 1 {
@@ -382,6 +409,19 @@ func (s *Subscription) loop(first bool) {
 		}
 	}
 }
+
+// claimWait is the longest free handlers wait for more to be free before
+// a batching form claims for them (see loop): as long as the last claim
+// took, within [minClaimWait, maxClaimWait]. Waiting longer than a claim
+// costs would lose more than the larger claim saves.
+func claimWait(last time.Duration) time.Duration {
+	return min(max(last, minClaimWait), maxClaimWait)
+}
+
+const (
+	minClaimWait = 500 * time.Microsecond
+	maxClaimWait = 20 * time.Millisecond
+)
 
 // claim asks the form for up to n rows, reporting to OnClaim when set.
 func (s *Subscription) claim(n int) ([]core.Claim, error) {

@@ -392,3 +392,45 @@ func TestEngineQueueReachesEveryHandler(t *testing.T) {
 		t.Errorf("%d handlers ran at once, more than Concurrency %d", m, conc)
 	}
 }
+
+// TestEngineLongDeliveriesLeaveNoHandlerIdle: a batching form claims for
+// the handlers that are free even while most are busy with long
+// deliveries; it waits for more to be free only about as long as a claim
+// takes. (It used to wait until half the batch was free, so three
+// handlers of four held by long deliveries kept the fourth idle.)
+func TestEngineLongDeliveriesLeaveNoHandlerIdle(t *testing.T) {
+	f := &memForm{traits: core.Traits{Batches: true, ClaimsAtOnce: 1}}
+	release := make(chan struct{})
+	var started atomic.Int64
+	h := func(ctx context.Context, d *Delivery) error {
+		if started.Add(1) <= 3 {
+			<-release // a long delivery
+		}
+		return nil
+	}
+	const n = 20
+	f.total, f.fin = n, make(chan struct{})
+	f.left.Store(n)
+	s, err := subscribe(context.Background(), f, memTable, h, SubscribeParams{Concurrency: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop(context.Background()) //nolint:errcheck // checked below
+	deadline := time.Now().Add(10 * time.Second)
+	for f.done.Load() < n-3 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	got := f.done.Load()
+	close(release)
+	select {
+	case <-f.fin:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%d of %d completed after the long deliveries ended", f.done.Load(), n)
+	}
+	if got < n-3 {
+		t.Fatalf("with 3 of 4 handlers held by long deliveries, the fourth handled %d of the other %d rows in 10 s", got, n-3)
+	}
+	if err := s.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
