@@ -308,17 +308,19 @@ func (s *Subscription) loop(first bool) {
 	defer s.loops.Done()
 	idle := s.p.MinPollInterval
 	conflicts := 0 // claims in a row that ended in ErrConflict
-	// A form that claims a batch in one statement claims once half a batch
-	// of handlers is free while work is in flight, so claims are not made
-	// one row at a time; but it waits for them at most about as long as
-	// its last claim took (claimWait), and then claims for the handlers
-	// that are free: handlers busy with long deliveries do not keep the
-	// others idle. A form that claims row by row claims as soon as a
-	// handler is free, and its workers claim their next row themselves
-	// while rows keep coming (see worker).
+	// A form that claims a batch in one statement claims once four fifths
+	// of a batch of handlers are free while work is in flight, so claims
+	// are not made a few rows at a time; but it waits for them at most
+	// about as long as its last claim took (claimWait), and then claims
+	// for the handlers that are free: handlers busy with long deliveries
+	// do not keep the others idle. (Half a batch, without the bound, made
+	// a quarter more claims per delivery and kept free handlers idle for
+	// as long as the others were busy.) A form that claims row by row
+	// claims as soon as a handler is free, and its workers claim their
+	// next row themselves while rows keep coming (see worker).
 	least := 1
 	if s.batching {
-		least = (s.p.BatchSize + 1) / 2
+		least = (s.p.BatchSize*4 + 4) / 5
 	}
 	var took time.Duration // the last claim's
 	var waiting time.Time  // since when free handlers wait for more (zero: none wait)
