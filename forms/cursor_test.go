@@ -96,23 +96,7 @@ func TestAdvisoryCursorSkipsCounted(t *testing.T) {
 				}
 			}
 			f := conformance.StartForm(t, b, tb)
-			var held []core.Claim
-			t.Cleanup(func() {
-				for _, c := range held {
-					_ = conformance.Complete(ctx, c, sqlxbroker.Outcome{Kind: sqlxbroker.Released})
-				}
-			})
-			claim := func(want string) {
-				t.Helper()
-				cs, err := f.Claim(ctx, 1)
-				if err != nil || len(cs) != 1 {
-					t.Fatalf("claim: %d claims, %v; want row %s", len(cs), err, want)
-				}
-				held = append(held, cs[0])
-				if got := fmt.Sprint(sqlxbroker.NewDelivery(cs[0]).ID()); got != want {
-					t.Fatalf("claimed row %s, want %s", got, want)
-				}
-			}
+			claim := claimOne(t, f)
 			claim("1") // the first claim scans from the first row
 			claim("2") // from the cursor
 			claim("4") // from the cursor: row 3 is counted, not read
@@ -121,6 +105,29 @@ func TestAdvisoryCursorSkipsCounted(t *testing.T) {
 				t.Fatalf("claim with every row held: %d claims, %v", len(cs), err)
 			}
 		})
+	}
+}
+
+// claimOne returns a function that claims one row of f and fails t unless
+// it is row want; the rows claimed are released when t ends.
+func claimOne(t *testing.T, f core.ClaimForm) func(want string) {
+	ctx := context.Background()
+	var held []core.Claim
+	t.Cleanup(func() {
+		for _, c := range held {
+			_ = conformance.Complete(ctx, c, sqlxbroker.Outcome{Kind: sqlxbroker.Released})
+		}
+	})
+	return func(want string) {
+		t.Helper()
+		cs, err := f.Claim(ctx, 1)
+		if err != nil || len(cs) != 1 {
+			t.Fatalf("claim: %d claims, %v; want row %s", len(cs), err, want)
+		}
+		held = append(held, cs[0])
+		if got := fmt.Sprint(sqlxbroker.NewDelivery(cs[0]).ID()); got != want {
+			t.Fatalf("claimed row %s, want %s", got, want)
+		}
 	}
 }
 
@@ -147,23 +154,7 @@ func TestRescanOnWake(t *testing.T) {
 			if r == nil {
 				t.Fatal("no Rescanner for a table ordered by prio")
 			}
-			var held []core.Claim
-			t.Cleanup(func() {
-				for _, c := range held {
-					_ = conformance.Complete(ctx, c, sqlxbroker.Outcome{Kind: sqlxbroker.Released})
-				}
-			})
-			claim := func(want string) {
-				t.Helper()
-				cs, err := f.Claim(ctx, 1)
-				if err != nil || len(cs) != 1 {
-					t.Fatalf("claim: %d claims, %v; want row %s", len(cs), err, want)
-				}
-				held = append(held, cs[0])
-				if got := fmt.Sprint(sqlxbroker.NewDelivery(cs[0]).ID()); got != want {
-					t.Fatalf("claimed row %s, want %s", got, want)
-				}
-			}
+			claim := claimOne(t, f)
 			claim("1")
 			claim("2")
 			if err := b.Publish(ctx, db, tb, map[string]any{"account": "a5", "prio": 1}); err != nil {
