@@ -324,6 +324,7 @@ func (s *Subscription) loop(first bool) {
 	}
 	var took time.Duration // the last claim's
 	var waiting time.Time  // since when free handlers wait for more (zero: none wait)
+	var wait *time.Timer   // ends that wait; made once, reset for each
 	for s.claimCtx.Err() == nil {
 		s.reserveMu.Lock()
 		busy := s.inflight.Load() + s.reserved.Load()
@@ -345,14 +346,18 @@ func (s *Subscription) loop(first bool) {
 			}
 			if left := claimWait(took) - now.Sub(waiting); left > 0 {
 				s.reserveMu.Unlock()
-				t := time.NewTimer(left)
+				if wait == nil {
+					wait = time.NewTimer(left)
+				} else {
+					wait.Reset(left)
+				}
 				select {
 				case <-s.freed:
 				case <-s.unreserved:
-				case <-t.C:
+				case <-wait.C:
 				case <-s.claimCtx.Done():
 				}
-				t.Stop()
+				wait.Stop()
 				continue
 			}
 		}

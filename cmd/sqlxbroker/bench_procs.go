@@ -27,7 +27,7 @@ type procsCompare struct {
 	Apart      *bench.ProcsResult `json:"apart,omitempty"`
 	ApartRatio float64            `json:"apart_ratio,omitempty"`
 	Shared     float64            `json:"shared_ratio,omitempty"`
-	Round      int                `json:"round,omitempty"` // of --rounds, from 1; in even rounds Many ran first
+	Round      int                `json:"round,omitempty"` // of --rounds, from 1; round r ran One, Many (and Apart) turned by r-1: in round 2 Many first
 }
 
 // The runs of one round of --procs-compare.
