@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -103,6 +104,59 @@ func TestAdvisoryCursorSkipsCounted(t *testing.T) {
 			claim("3") // nothing uncounted ahead: a full scan at once
 			if cs, err := f.Claim(ctx, 1); err != nil || len(cs) != 0 {
 				t.Fatalf("claim with every row held: %d claims, %v", len(cs), err)
+			}
+		})
+	}
+}
+
+// TestLeaseCursorTakesTouchedRows: a lease claim from the cursor may pass
+// over a ready row whose version another transaction touched (PostgreSQL
+// passes over one an update that rolled back left its mark on,
+// core.LeaseClaimParams.Cursor); the claim from the first row that follows
+// when nothing is left ahead of the cursor takes it. Every row is claimed
+// once, whatever the database.
+func TestLeaseCursorTakesTouchedRows(t *testing.T) {
+	t.Cleanup(func() { forms.SetFullScanEvery(100 * time.Millisecond) })
+	forms.SetFullScanEvery(time.Hour)
+	ctx := context.Background()
+	for _, c := range prioTables(t, "fx_touched") {
+		if c.tb.Form() != sqlxbroker.Lease {
+			continue
+		}
+		t.Run(c.name, func(t *testing.T) {
+			db, b, tb := c.db, c.b, c.tb
+			for i := 1; i <= 4; i++ {
+				if err := b.Publish(ctx, db, tb, map[string]any{"account": fmt.Sprint("a", i), "prio": 0}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tx := db.MustBegin()
+			tx.MustExec("UPDATE " + b.Dialect().QuoteIdent(tb.Name) + " SET account = 'b' WHERE id = 2")
+			if err := tx.Rollback(); err != nil {
+				t.Fatal(err)
+			}
+			f := conformance.StartForm(t, b, tb)
+			var held []core.Claim
+			t.Cleanup(func() {
+				for _, c := range held {
+					_ = conformance.Complete(ctx, c, sqlxbroker.Outcome{Kind: sqlxbroker.Released})
+				}
+			})
+			var got []string
+			for range 5 {
+				cs, err := f.Claim(ctx, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, c := range cs {
+					held = append(held, c)
+					got = append(got, fmt.Sprint(sqlxbroker.NewDelivery(c).ID()))
+				}
+			}
+			t.Logf("claimed in the order %v", got)
+			slices.Sort(got)
+			if !slices.Equal(got, []string{"1", "2", "3", "4"}) {
+				t.Fatalf("five claims of one row took %v, want each of rows 1-4 once", got)
 			}
 		})
 	}

@@ -161,7 +161,7 @@ func (f *lease) claimOn(ctx context.Context, q sqlx.ExtContext, tx *sqlx.Tx, now
 		if p.QGroup == "" {
 			from, fromArgs, keep = f.scan.from(p, p.Alias, retry)
 		}
-		rs, err := p.Caps.Leaser.ClaimLeases(ctx, q, &core.LeaseClaimParams{Plan: p, Where: where + from, Args: append(args, fromArgs...), Limit: max, Deadline: p.Time(deadline)})
+		rs, err := p.Caps.Leaser.ClaimLeases(ctx, q, &core.LeaseClaimParams{Plan: p, Where: where + from, Args: append(args, fromArgs...), Limit: max, Deadline: p.Time(deadline), Cursor: from != ""})
 		if err == nil {
 			rows, err = readRowsInto(rs, (*buf)[:0])
 		}

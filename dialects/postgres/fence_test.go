@@ -1,12 +1,14 @@
 package postgres_test
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/core"
 	"github.com/sqlxbroker/sqlxbroker/dialects/postgres"
 )
@@ -101,5 +103,71 @@ func TestMatchIDs(t *testing.T) {
 				t.Errorf("%s matched %v, want %v", cond, got, c.want)
 			}
 		})
+	}
+}
+
+// TestClaimLeasesPassesOverTouched: a lease claim from the cursor passes
+// over a row whose version another transaction has updated, deleted or
+// locked since it was written (here an update that rolled back, and a
+// share lock since committed), which a claim with a stale snapshot would
+// otherwise lock and keep locked until it commits; a claim from the first
+// row takes them, in order.
+func TestClaimLeasesPassesOverTouched(t *testing.T) {
+	ctx := context.Background()
+	db := openDSN(dsn(t))(t)
+	b, err := sqlxbroker.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := sqlxbroker.Table{Name: "sxb_touched", LockedUntil: "locked_until", Lease: time.Minute}
+	_, _ = db.Exec(`DROP TABLE IF EXISTS sxb_touched`)
+	if err := b.CreateTable(ctx, tb, [2]string{"account", "text"}); err != nil {
+		t.Fatal(err)
+	}
+	defer db.Exec(`DROP TABLE sxb_touched`)
+	for range 4 {
+		if err := b.Publish(ctx, db, tb, map[string]any{"account": "a"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tx := db.MustBegin()
+	tx.MustExec(`UPDATE sxb_touched SET account = 'b' WHERE id = 1`)
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	db.MustExec(`SELECT 1 FROM sxb_touched WHERE id = 2 FOR KEY SHARE`)
+	p, err := b.Plan(tb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := func(cursor bool) int64 {
+		t.Helper()
+		where, args := p.Ready(p.Alias, core.Now())
+		rows, err := postgres.Dialect{}.ClaimLeases(ctx, db, &core.LeaseClaimParams{Plan: p, Where: where, Args: args,
+			Limit: 1, Deadline: p.Time(time.Now().Add(time.Minute)), Cursor: cursor})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var id int64 = -1
+		for rows.Next() {
+			m := map[string]any{}
+			if err := rows.MapScan(m); err != nil {
+				t.Fatal(err)
+			}
+			id = m["id"].(int64)
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	for i, c := range []struct {
+		cursor bool
+		want   int64
+	}{{true, 3}, {false, 1}, {false, 2}, {true, 4}, {true, -1}} {
+		if got := claim(c.cursor); got != c.want {
+			t.Fatalf("claim %d (from the cursor: %v) took row %d, want %d", i+1, c.cursor, got, c.want)
+		}
 	}
 }
