@@ -78,13 +78,8 @@ func TestClaimCursor(t *testing.T) {
 // vain; a counted row that is claimable (a retry, a row published with its
 // attempt counted) is found by the next full scan, never left behind.
 func TestAdvisoryCursorSkipsCounted(t *testing.T) {
-	t.Cleanup(func() { forms.SetFullScanEvery(100 * time.Millisecond) })
-	forms.SetFullScanEvery(time.Hour)
 	ctx := context.Background()
-	for _, c := range prioTables(t, "fx_counted") {
-		if c.tb.Form() != sqlxbroker.Advisory {
-			continue
-		}
+	for _, c := range cursorTables(t, "fx_counted", sqlxbroker.Advisory) {
 		t.Run(c.name, func(t *testing.T) {
 			db, b, tb := c.db, c.b, c.tb
 			for i := 1; i <= 4; i++ {
@@ -116,13 +111,8 @@ func TestAdvisoryCursorSkipsCounted(t *testing.T) {
 // when nothing is left ahead of the cursor takes it. Every row is claimed
 // once, whatever the database.
 func TestLeaseCursorTakesTouchedRows(t *testing.T) {
-	t.Cleanup(func() { forms.SetFullScanEvery(100 * time.Millisecond) })
-	forms.SetFullScanEvery(time.Hour)
 	ctx := context.Background()
-	for _, c := range prioTables(t, "fx_touched") {
-		if c.tb.Form() != sqlxbroker.Lease {
-			continue
-		}
+	for _, c := range cursorTables(t, "fx_touched", sqlxbroker.Lease) {
 		t.Run(c.name, func(t *testing.T) {
 			db, b, tb := c.db, c.b, c.tb
 			for i := 1; i <= 4; i++ {
@@ -160,6 +150,22 @@ func TestLeaseCursorTakesTouchedRows(t *testing.T) {
 			}
 		})
 	}
+}
+
+// cursorTables returns the tables of prioTables in form f, with a full scan
+// from the first row, while t runs, only when a claim from the cursor
+// finds nothing.
+func cursorTables(t *testing.T, name string, f sqlxbroker.Form) []prioTable {
+	t.Helper()
+	t.Cleanup(func() { forms.SetFullScanEvery(100 * time.Millisecond) })
+	forms.SetFullScanEvery(time.Hour)
+	var out []prioTable
+	for _, c := range prioTables(t, name) {
+		if c.tb.Form() == f {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // claimOne returns a function that claims one row of f and fails t unless
