@@ -429,8 +429,8 @@ func claimLeast(b int) int {
 	return max((b+1)/2, min((b*4+4)/5, claimAmortized))
 }
 
-// claimAmortized is the claim size from which a batching form claims at
-// half a batch of free handlers rather than at four fifths (claimLeast).
+// claimAmortized is the most free handlers a batching form waits for
+// before it claims, unless half its batch is more (claimLeast).
 const claimAmortized = 200
 
 // claimWait is the longest free handlers wait for more to be free before

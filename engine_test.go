@@ -441,10 +441,11 @@ func TestClaimLeast(t *testing.T) {
 	for _, c := range []struct{ batch, want int }{
 		{1, 1}, {2, 2}, {8, 7}, {64, 52}, {250, 200}, {300, 200}, {400, 200}, {401, 201}, {1000, 500}, {5000, 2500},
 	} {
-		if got := claimLeast(c.batch); got != c.want {
+		got := claimLeast(c.batch)
+		if got != c.want {
 			t.Errorf("claimLeast(%d) = %d, want %d", c.batch, got, c.want)
 		}
-		if got := claimLeast(c.batch); got < 1 || got > c.batch {
+		if got < 1 || got > c.batch {
 			t.Errorf("claimLeast(%d) = %d, outside 1..%d", c.batch, got, c.batch)
 		}
 	}

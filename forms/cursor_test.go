@@ -81,17 +81,12 @@ func TestAdvisoryCursorSkipsCounted(t *testing.T) {
 	ctx := context.Background()
 	for _, c := range cursorTables(t, "fx_counted", sqlxbroker.Advisory) {
 		t.Run(c.name, func(t *testing.T) {
-			db, b, tb := c.db, c.b, c.tb
-			for i := 1; i <= 4; i++ {
-				m := map[string]any{"account": fmt.Sprint("a", i), "prio": 0}
+			publishRows(t, c, 4, func(i int, m map[string]any) {
 				if i == 3 {
-					m[tb.AttemptColumn()] = 2 // counted once: taken before, now claimable again
+					m[c.tb.AttemptColumn()] = 2 // counted once: taken before, now claimable again
 				}
-				if err := b.Publish(ctx, db, tb, m); err != nil {
-					t.Fatal(err)
-				}
-			}
-			f := conformance.StartForm(t, b, tb)
+			})
+			f := conformance.StartForm(t, c.b, c.tb)
 			claim := claimOne(t, f)
 			claim("1") // the first claim scans from the first row
 			claim("2") // from the cursor
@@ -111,37 +106,18 @@ func TestAdvisoryCursorSkipsCounted(t *testing.T) {
 // when nothing is left ahead of the cursor takes it. Every row is claimed
 // once, whatever the database.
 func TestLeaseCursorTakesTouchedRows(t *testing.T) {
-	ctx := context.Background()
 	for _, c := range cursorTables(t, "fx_touched", sqlxbroker.Lease) {
 		t.Run(c.name, func(t *testing.T) {
-			db, b, tb := c.db, c.b, c.tb
-			for i := 1; i <= 4; i++ {
-				if err := b.Publish(ctx, db, tb, map[string]any{"account": fmt.Sprint("a", i), "prio": 0}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			tx := db.MustBegin()
-			tx.MustExec("UPDATE " + b.Dialect().QuoteIdent(tb.Name) + " SET account = 'b' WHERE id = 2")
+			publishRows(t, c, 4, nil)
+			tx := c.db.MustBegin()
+			tx.MustExec("UPDATE " + c.b.Dialect().QuoteIdent(c.tb.Name) + " SET account = 'b' WHERE id = 2")
 			if err := tx.Rollback(); err != nil {
 				t.Fatal(err)
 			}
-			f := conformance.StartForm(t, b, tb)
-			var held []core.Claim
-			t.Cleanup(func() {
-				for _, c := range held {
-					_ = conformance.Complete(ctx, c, sqlxbroker.Outcome{Kind: sqlxbroker.Released})
-				}
-			})
+			claim := claimHeld(t, conformance.StartForm(t, c.b, c.tb))
 			var got []string
 			for range 5 {
-				cs, err := f.Claim(ctx, 1)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for _, c := range cs {
-					held = append(held, c)
-					got = append(got, fmt.Sprint(sqlxbroker.NewDelivery(c).ID()))
-				}
+				got = append(got, claim()...)
 			}
 			t.Logf("claimed in the order %v", got)
 			slices.Sort(got)
@@ -171,6 +147,19 @@ func cursorTables(t *testing.T, name string, f sqlxbroker.Form) []prioTable {
 // claimOne returns a function that claims one row of f and fails t unless
 // it is row want; the rows claimed are released when t ends.
 func claimOne(t *testing.T, f core.ClaimForm) func(want string) {
+	claim := claimHeld(t, f)
+	return func(want string) {
+		t.Helper()
+		if got := claim(); len(got) != 1 || got[0] != want {
+			t.Fatalf("claimed rows %v, want row %s", got, want)
+		}
+	}
+}
+
+// claimHeld returns a function that claims up to one row of f and returns
+// the IDs it took, failing t on an error; the rows claimed are released
+// when t ends.
+func claimHeld(t *testing.T, f core.ClaimForm) func() []string {
 	ctx := context.Background()
 	var held []core.Claim
 	t.Cleanup(func() {
@@ -178,15 +167,32 @@ func claimOne(t *testing.T, f core.ClaimForm) func(want string) {
 			_ = conformance.Complete(ctx, c, sqlxbroker.Outcome{Kind: sqlxbroker.Released})
 		}
 	})
-	return func(want string) {
+	return func() []string {
 		t.Helper()
 		cs, err := f.Claim(ctx, 1)
-		if err != nil || len(cs) != 1 {
-			t.Fatalf("claim: %d claims, %v; want row %s", len(cs), err, want)
+		if err != nil {
+			t.Fatalf("claim: %v", err)
 		}
-		held = append(held, cs[0])
-		if got := fmt.Sprint(sqlxbroker.NewDelivery(cs[0]).ID()); got != want {
-			t.Fatalf("claimed row %s, want %s", got, want)
+		var ids []string
+		for _, c := range cs {
+			held = append(held, c)
+			ids = append(ids, fmt.Sprint(sqlxbroker.NewDelivery(c).ID()))
+		}
+		return ids
+	}
+}
+
+// publishRows publishes n rows of priority 0 into c's table, row i (from
+// 1) with account "a<i>" and whatever set adds to it.
+func publishRows(t *testing.T, c prioTable, n int, set func(i int, m map[string]any)) {
+	t.Helper()
+	for i := 1; i <= n; i++ {
+		m := map[string]any{"account": fmt.Sprint("a", i), "prio": 0}
+		if set != nil {
+			set(i, m)
+		}
+		if err := c.b.Publish(context.Background(), c.db, c.tb, m); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
