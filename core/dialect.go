@@ -73,15 +73,13 @@ type LeaseClaimParams struct {
 	Args     []any
 	Limit    int // the most rows to claim, at least 1
 	Deadline any // the new lease deadline, encoded (EncodeTime)
-	// Lenient reports a claim that may pass over rows it can tell
-	// another transaction has taken, is taking, or has locked since the
-	// statement's snapshot, instead of locking them: a claim from the
-	// subscription's cursor (Where then holds the condition that starts
-	// it there), or a periodic claim from the first row between strict
-	// ones. A later strict claim (Lenient false: at least one a second
-	// while the subscription claims) finds every row a lenient one
-	// passes over.
-	Lenient bool
+	// Cursor reports a claim that starts at the subscription's cursor
+	// (Where then holds the condition that starts it there): a later
+	// claim from the first row finds every row this one passes over, as
+	// it finds the rows behind the cursor. Such a claim may pass over
+	// rows it can tell another transaction has taken, or is taking,
+	// since the statement's snapshot, instead of locking them.
+	Cursor bool
 }
 
 // Leaser is the capability of the Lease form.
@@ -92,9 +90,9 @@ type Leaser interface {
 	// them with every column, as they are after the claim: the lease
 	// column set to p.Deadline and the attempt to Plan.NextAttempt. No row
 	// may be returned twice, or to two concurrent calls. Zero rows is not
-	// an error. A lenient claim (p.Lenient) may return fewer rows than
-	// are claimable (see LeaseClaimParams.Lenient); a strict one may not
-	// pass over a claimable row it can lock.
+	// an error. A claim from the cursor (p.Cursor) may return fewer rows
+	// than are claimable (see LeaseClaimParams.Cursor); one from the
+	// first row may not pass over a claimable row it can lock.
 	ClaimLeases(ctx context.Context, q sqlx.ExtContext, p *LeaseClaimParams) (*sqlx.Rows, error)
 	// FenceLeases returns a condition over the unaliased table that holds
 	// for exactly the rows whose ID is ids[i] and lease column tokens[i]

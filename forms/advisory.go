@@ -108,32 +108,32 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	var out []core.Claim
 	tried := make(map[string]bool, max)
 	for retry := false; ; retry = true {
-		var from start
+		from, fromArgs, keep := "", []any(nil), false
 		if p.QGroup == "" {
-			from = f.scan.from(p, p.Alias, retry)
+			from, fromArgs, keep = f.scan.from(p, p.Alias, retry)
 		}
 		// Ahead of the cursor, most rows are claimable: the first page
 		// reads a little more than is wanted (a full scan, the rows held
 		// too), the next pages (past rows whose keys are held) more.
 		first := max - len(out)
 		first += first/candidates + 1
-		if from.cond == "" {
+		if from == "" {
 			first += held
 		}
 		w := where
-		if from.cond != "" {
-			w += " AND " + p.Uncounted(p.Alias) + from.cond
+		if from != "" {
+			w += " AND " + p.Uncounted(p.Alias) + from
 		}
-		got, end, last, err := f.claimFrom(ctx, cols, w, append(append([]any{}, args...), from.args...), first, max-len(out), tried, from.keep)
+		got, end, last, err := f.claimFrom(ctx, cols, w, append(append([]any{}, args...), fromArgs...), first, max-len(out), tried, keep)
 		out = append(out, got...)
-		if from.keep {
+		if keep {
 			// A rescan's rows leave the cursor where it was (see cursor).
 			f.scan.rescanned(p, last, len(out) == max)
 		}
 		if err != nil {
 			return out, err
 		}
-		if from.cond == "" || len(out) == max || !end {
+		if from == "" || len(out) == max || !end {
 			break
 		}
 		// Fewer rows ahead of the cursor than asked: scan from the start

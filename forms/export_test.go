@@ -10,10 +10,6 @@ import (
 // the test ends.
 func SetFullScanEvery(d time.Duration) { fullScanEvery = d }
 
-// SetStrictScanEvery sets how often a full scan is strict (the others may
-// pass over rows touched since their snapshot).
-func SetStrictScanEvery(d time.Duration) { strictScanEvery = d }
-
 // EndKeySession ends the session that holds an advisory form's keys, as a
 // failed statement on it does.
 func EndKeySession(f core.ClaimForm) {

@@ -68,11 +68,6 @@ type base struct {
 // first row rather than from the cursor (see cursor).
 var fullScanEvery = 100 * time.Millisecond
 
-// strictScanEvery is how often a full scan is strict: the others, like
-// the claims from the cursor, may pass over rows another transaction has
-// touched since their snapshot (core.LeaseClaimParams.Lenient).
-var strictScanEvery = time.Second
-
 // cursor keeps where the last claims found rows in the order column, so
 // the next claims start there. A busy queue leaves the rows it just
 // finished at the head of the order index (deleted or marked done, but not
@@ -84,64 +79,41 @@ var strictScanEvery = time.Second
 // committed late with a lower order value) is found by the next full scan:
 // one every fullScanEvery, and whenever a scan from the cursor finds
 // nothing. At a low claim rate every claim is a full scan.
-//
-// A claim may be lenient (start.lenient): it may pass over a row another
-// transaction has touched since its snapshot rather than lock it, which
-// keeps claims of several processes on one table from locking each
-// other's rows in vain. Claims from the cursor are lenient, and so are the
-// full scans but one every strictScanEvery (the first ever included); the
-// strict one takes whatever the others passed over.
 type cursor struct {
 	mu     sync.Mutex
 	at     []any     // the order values of the last row claimed; nil: none
 	full   time.Time // when the last full scan started
-	strict time.Time // when the last strict full scan started
 	rescan bool      // the next claim scans from the first row (rescanNext)
 }
 
-// start is where a claim starts (cursor.from).
-type start struct {
-	cond    string // " AND " the condition that starts it at the cursor; "": a full scan
-	args    []any  // cond's args
-	keep    bool   // a full scan made for a rescan (see from)
-	lenient bool   // the claim may pass over rows touched since its snapshot
-}
-
-// from returns where a claim starts: at the cursor (over alias), or at
-// the first row (a full scan, which it then counts as started). retry
-// asks for a full scan: the claim from the cursor found nothing. keep
-// reports a full scan made for a rescan (a wake-up of a table whose
+// from returns the condition and args that start a claim at the cursor
+// (over alias), or "" for a full scan, which it then counts as started.
+// retry asks for a full scan: the claim from the cursor found nothing.
+// keep reports a full scan made for a rescan (a wake-up of a table whose
 // new rows may sort before the cursor): the rows it finds are mostly
 // those just published, ahead of the rest in the order, so the claim
 // reports its last row with rescanned instead of advance, which leaves
 // the cursor where it is rather than moving it back before every row the
 // cursor has passed.
-func (c *cursor) from(p *core.Plan, alias string, retry bool) start {
+func (c *cursor) from(p *core.Plan, alias string, retry bool) (cond string, args []any, keep bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := time.Now()
 	if retry {
 		c.at = nil
 	}
-	fullScan := func(keep bool) start {
-		s := start{keep: keep, lenient: now.Sub(c.strict) < strictScanEvery}
-		if !s.lenient {
-			c.strict = now
-		}
-		return s
-	}
 	if c.rescan && c.at != nil {
 		// Every claim rescans until one finds nothing more before the
 		// cursor (rescanned): claims run at once, and a burst of
 		// publishes can stand behind one wake-up.
-		return fullScan(true)
+		return "", nil, true
 	}
 	if c.at == nil || now.Sub(c.full) >= fullScanEvery {
 		c.full, c.rescan = now, false
-		return fullScan(false)
+		return "", nil, false
 	}
-	cond, args := p.From(alias, c.at, false)
-	return start{cond: " AND " + cond, args: args, lenient: true}
+	cond, args = p.From(alias, c.at, false)
+	return " AND " + cond, args, false
 }
 
 // advance moves the cursor to the order values v (Plan.OrderValues) of a

@@ -157,19 +157,18 @@ func (f *lease) claimOn(ctx context.Context, q sqlx.ExtContext, tx *sqlx.Tx, now
 	for retry := false; ; retry = true {
 		// Outside FIFO tables, from the cursor first (see cursor); when
 		// that finds nothing, from the start.
-		var from start
+		from, fromArgs := "", []any(nil)
 		if p.QGroup == "" {
-			from = f.scan.from(p, p.Alias, retry)
-			keep = from.keep
+			from, fromArgs, keep = f.scan.from(p, p.Alias, retry)
 		}
-		rs, err := p.Caps.Leaser.ClaimLeases(ctx, q, &core.LeaseClaimParams{Plan: p, Where: where + from.cond, Args: append(args, from.args...), Limit: max, Deadline: p.Time(deadline), Lenient: from.lenient})
+		rs, err := p.Caps.Leaser.ClaimLeases(ctx, q, &core.LeaseClaimParams{Plan: p, Where: where + from, Args: append(args, fromArgs...), Limit: max, Deadline: p.Time(deadline), Cursor: from != ""})
 		if err == nil {
 			rows, err = readRowsInto(rs, (*buf)[:0])
 		}
 		if err != nil {
 			return nil, fmt.Errorf("sqlxbroker: lease claim on %s: %w", p.Table, err)
 		}
-		if from.cond == "" || len(rows) == max {
+		if from == "" || len(rows) == max {
 			break
 		}
 		// Fewer rows ahead of the cursor than asked: the next claim

@@ -33,35 +33,3 @@ func TestBefore(t *testing.T) {
 		}
 	}
 }
-
-// TestCursorStrictScans: claims from the cursor are lenient, and so are
-// the full scans but the first and one every strictScanEvery after it;
-// a full scan for a rescan follows the same clock.
-func TestCursorStrictScans(t *testing.T) {
-	defer func(f, s time.Duration) { fullScanEvery, strictScanEvery = f, s }(fullScanEvery, strictScanEvery)
-	fullScanEvery, strictScanEvery = time.Hour, time.Hour
-	p := &core.Plan{Alias: "c", OrderKeys: []core.OrderKey{{Column: "id", Q: `"id"`}}}
-	var c cursor
-	step := func(what string, retry, full, lenient bool) {
-		t.Helper()
-		s := c.from(p, p.Alias, retry)
-		if (s.cond == "") != full || s.lenient != lenient {
-			t.Fatalf("%s: full scan %v, lenient %v; want %v, %v", what, s.cond == "", s.lenient, full, lenient)
-		}
-		if s.cond == "" {
-			c.advance([]any{int64(1)})
-		}
-	}
-	step("the first claim", false, true, false)
-	step("a claim from the cursor", false, false, true)
-	step("the full scan after the cursor found nothing", true, true, true)
-	c.rescanNext()
-	step("a rescan", false, true, true)
-	c.rescanned(p, nil, false)
-	step("a claim from the cursor again", false, false, true)
-	strictScanEvery = 0
-	step("the full scan after strictScanEvery", true, true, false)
-	step("a claim from the cursor after it", false, false, true)
-	fullScanEvery = 0
-	step("a periodic full scan", false, true, false)
-}

@@ -311,11 +311,12 @@ func (f *rowLock) claimIn(ctx context.Context, t *claimTx) (core.Claim, error) {
 		// From the cursor first; when that finds nothing, from the start.
 		keep := false
 		for retry := false; ; retry = true {
-			from := f.scan.from(p, p.Alias, retry)
-			keep = from.keep
-			rows, err = f.query(ctx, t, p.Rebind("SELECT * FROM "+p.QTable+" "+p.Alias+" WHERE "+where+from.cond+
-				" ORDER BY "+p.OrderBy(p.Alias)+" LIMIT 1 "+f.skip), append(args, from.args...))
-			if err != nil || len(rows) > 0 || from.cond == "" {
+			var from string
+			var fromArgs []any
+			from, fromArgs, keep = f.scan.from(p, p.Alias, retry)
+			rows, err = f.query(ctx, t, p.Rebind("SELECT * FROM "+p.QTable+" "+p.Alias+" WHERE "+where+from+
+				" ORDER BY "+p.OrderBy(p.Alias)+" LIMIT 1 "+f.skip), append(args, fromArgs...))
+			if err != nil || len(rows) > 0 || from == "" {
 				break
 			}
 		}

@@ -106,12 +106,12 @@ func TestMatchIDs(t *testing.T) {
 	}
 }
 
-// TestClaimLeasesPassesOverTouched: a lenient lease claim passes over a
-// row whose version another transaction has updated, deleted or locked
-// since it was written (here an update that rolled back, and a share lock
-// since committed), which a claim with a stale snapshot would otherwise
-// lock and keep locked until it commits; a strict claim takes them, in
-// order.
+// TestClaimLeasesPassesOverTouched: a lease claim from the cursor passes
+// over a row whose version another transaction has updated, deleted or
+// locked since it was written (here an update that rolled back, and a
+// share lock since committed), which a claim with a stale snapshot would
+// otherwise lock and keep locked until it commits; a claim from the first
+// row takes them, in order.
 func TestClaimLeasesPassesOverTouched(t *testing.T) {
 	ctx := context.Background()
 	db := openDSN(dsn(t))(t)
@@ -140,11 +140,11 @@ func TestClaimLeasesPassesOverTouched(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	claim := func(lenient bool) int64 {
+	claim := func(cursor bool) int64 {
 		t.Helper()
 		where, args := p.Ready(p.Alias, core.Now())
 		rows, err := postgres.Dialect{}.ClaimLeases(ctx, db, &core.LeaseClaimParams{Plan: p, Where: where, Args: args,
-			Limit: 1, Deadline: p.Time(time.Now().Add(time.Minute)), Lenient: lenient})
+			Limit: 1, Deadline: p.Time(time.Now().Add(time.Minute)), Cursor: cursor})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -163,11 +163,11 @@ func TestClaimLeasesPassesOverTouched(t *testing.T) {
 		return id
 	}
 	for i, c := range []struct {
-		lenient bool
-		want    int64
+		cursor bool
+		want   int64
 	}{{true, 3}, {false, 1}, {false, 2}, {true, 4}, {true, -1}} {
-		if got := claim(c.lenient); got != c.want {
-			t.Fatalf("claim %d (lenient: %v) took row %d, want %d", i+1, c.lenient, got, c.want)
+		if got := claim(c.cursor); got != c.want {
+			t.Fatalf("claim %d (from the cursor: %v) took row %d, want %d", i+1, c.cursor, got, c.want)
 		}
 	}
 }

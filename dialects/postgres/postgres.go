@@ -188,8 +188,8 @@ SELECT * FROM claimed ORDER BY %[9]s`
 // same filter passes over the rows of claims still running, which SKIP
 // LOCKED would skip after trying their locks. A version a finished
 // transaction locked (a rolled-back claim, a foreign key's share lock)
-// is passed over too: lenient claims are followed by strict ones, which
-// take it (core.LeaseClaimParams.Lenient). xmax is
+// is passed over too: claims from the cursor are followed by claims from
+// the first row, which take it (core.LeaseClaimParams.Cursor). xmax is
 // read as a number with an inequality so the planner keeps its estimate
 // of the rows, and its index scan: xmax = '0' is estimated at one row in
 // two hundred, which turns a claim of 800 into a scan and sort of the
@@ -200,7 +200,7 @@ const untouched = `%s.xmax::text::int8 < 1`
 func (Dialect) ClaimLeases(ctx context.Context, on sqlx.ExtContext, p *core.LeaseClaimParams) (*sqlx.Rows, error) {
 	pl := p.Plan
 	where := p.Where
-	if p.Lenient {
+	if p.Cursor {
 		where += " AND " + fmt.Sprintf(untouched, pl.Alias)
 	}
 	q := fmt.Sprintf(claimLeases, pl.QTable, pl.Alias, where, pl.OrderBy(pl.Alias), p.Limit,
