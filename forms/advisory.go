@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"sync"
 	"time"
@@ -30,10 +29,6 @@ type advisory struct {
 	stopped sync.Once
 
 	batch batcher[*advisoryClaim] // completions, written in batches by flush
-
-	// tries and locks count the keys tried and locked by recent waves,
-	// each wave's weighing waveMemory of the one before (waveSize).
-	tries, locks float64
 
 	fmu     sync.Mutex
 	writing int           // batches being written
@@ -244,14 +239,8 @@ func (f *advisory) claimFrom(ctx context.Context, cols, where string, args []any
 		for i := 0; i < len(cands) && len(out) < max && ctx.Err() == nil; {
 			var locked []*advisoryClaim
 			for i < len(cands) && len(out)+len(locked) < max && err == nil && ctx.Err() == nil {
-				// Where other processes hold some of the keys tried, a
-				// wave tries more keys than are wanted (waveSize), and
-				// the keys it locks beyond them are released at once.
-				need := max - len(out) - len(locked)
-				size := f.waveSize(need)
-				wave := make([]*advisoryClaim, 0, min(len(cands)-i, size))
-				at := make([]int, 0, cap(wave)) // each claim's candidate
-				for ; i < len(cands) && len(wave) < size; i++ {
+				wave := make([]*advisoryClaim, 0, min(len(cands)-i, max-len(out)-len(locked)))
+				for ; i < len(cands) && len(out)+len(locked)+len(wave) < max; i++ {
 					r := &cands[i]
 					key := p.Key.Render(r.get)
 					if tried[key] || !f.hold(key) {
@@ -259,7 +248,6 @@ func (f *advisory) claimFrom(ctx context.Context, cols, where string, args []any
 					}
 					tried[key] = true
 					wave = append(wave, &advisoryClaim{f: f, key: key, id: r.vals[0]})
-					at = append(at, i)
 				}
 				if len(wave) == 0 {
 					break
@@ -270,17 +258,6 @@ func (f *advisory) claimFrom(ctx context.Context, cols, where string, args []any
 				}
 				var got []*advisoryClaim
 				got, err = f.tryLocks(ctx, wave)
-				f.tally(len(wave), len(got))
-				if len(got) > need {
-					// The rows after the last one kept are left to the next
-					// claim, which starts at it.
-					kept := slices.Index(wave, got[need-1])
-					if last = p.OrderValues(cands[at[kept]].get); !keep {
-						f.scan.advance(last)
-					}
-					err = errors.Join(err, f.keys.unlock(ctx, got[need:]...))
-					got = got[:need]
-				}
 				locked = append(locked, got...)
 			}
 			taken, terr := f.takeAll(ctx, locked)
@@ -378,32 +355,6 @@ func (f *advisory) countAll(ctx context.Context, claims []*advisoryClaim) ([]row
 	where, args := p.Ready(p.QTable, core.Now())
 	in, inArgs := p.Caps.MatchIDs(p, p.QTable+"."+p.QID, ids)
 	return f.updateRows(ctx, f.db, p.QAttempt+" = "+p.NextAttempt(""), in+" AND "+where, append(inArgs, args...), len(ids))
-}
-
-// waveMemory is the weight of the waves before in the share of keys a
-// wave locks (tally): about the last ten waves count.
-const waveMemory = 0.9
-
-// waveSize is how many keys a wave tries to lock need of them: need over
-// the share of keys recent waves locked (other processes claiming from the
-// same rows hold the rest), at most candidates times need. A subscription
-// alone on its table locks every key it tries, and tries need.
-func (f *advisory) waveSize(need int) int {
-	f.mu.Lock()
-	tries, locks := f.tries, f.locks
-	f.mu.Unlock()
-	if tries == 0 || locks >= tries {
-		return need
-	}
-	return int(math.Round(float64(need) * min(tries/max(locks, 1), candidates)))
-}
-
-// tally counts a wave that tried n keys and locked got of them.
-func (f *advisory) tally(n, got int) {
-	f.mu.Lock()
-	f.tries = f.tries*waveMemory + float64(n)
-	f.locks = f.locks*waveMemory + float64(got)
-	f.mu.Unlock()
 }
 
 // tryLocks tries the keys of wave on the holder's session and returns the

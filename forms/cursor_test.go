@@ -99,42 +99,6 @@ func TestAdvisoryCursorSkipsCounted(t *testing.T) {
 	}
 }
 
-// TestAdvisoryWaveTriesMore: where other processes hold keys, an advisory
-// claim tries more keys than it wants (forms.SetKeyShare stands for the
-// waves before), takes as many rows as it asked for, and releases the keys
-// it locked beyond them at once: another subscription's claim, finding
-// the keys of the first rows held, takes the row after them. The rows are
-// each claimed once.
-func TestAdvisoryWaveTriesMore(t *testing.T) {
-	for _, c := range cursorTables(t, "fx_wave", sqlxbroker.Advisory) {
-		t.Run(c.name, func(t *testing.T) {
-			publishRows(t, c, 8, nil)
-			a, b := conformance.StartForm(t, c.b, c.tb), conformance.StartForm(t, c.b, c.tb)
-			forms.SetKeyShare(a, 2, 1) // half the keys tried locked: a wave tries twice as many
-			claimA, claimB := claimHeld(t, a), claimHeld(t, b)
-			if got := claimA(2); !slices.Equal(got, []string{"1", "2"}) {
-				t.Fatalf("a claim of two took rows %v, want 1 and 2", got)
-			}
-			if got := claimB(1); !slices.Equal(got, []string{"3"}) {
-				t.Fatalf("the other subscription took rows %v, want 3 (its key released)", got)
-			}
-			all := []string{"1", "2", "3"}
-			for len(all) < 8 {
-				n := len(all)
-				all = append(all, claimA(1)...)
-				all = append(all, claimB(1)...)
-				if len(all) == n {
-					break
-				}
-			}
-			slices.Sort(all)
-			if want := []string{"1", "2", "3", "4", "5", "6", "7", "8"}; !slices.Equal(all, want) {
-				t.Fatalf("claimed %v, want each of rows 1-8 once", all)
-			}
-		})
-	}
-}
-
 // TestLeaseCursorTakesTouchedRows: a lease claim from the cursor may pass
 // over a ready row whose version another transaction touched (PostgreSQL
 // passes over one an update that rolled back left its mark on,
@@ -153,7 +117,7 @@ func TestLeaseCursorTakesTouchedRows(t *testing.T) {
 			claim := claimHeld(t, conformance.StartForm(t, c.b, c.tb))
 			var got []string
 			for range 5 {
-				got = append(got, claim(1)...)
+				got = append(got, claim()...)
 			}
 			t.Logf("claimed in the order %v", got)
 			slices.Sort(got)
@@ -186,16 +150,16 @@ func claimOne(t *testing.T, f core.ClaimForm) func(want string) {
 	claim := claimHeld(t, f)
 	return func(want string) {
 		t.Helper()
-		if got := claim(1); len(got) != 1 || got[0] != want {
+		if got := claim(); len(got) != 1 || got[0] != want {
 			t.Fatalf("claimed rows %v, want row %s", got, want)
 		}
 	}
 }
 
-// claimHeld returns a function that claims up to n rows of f and returns
+// claimHeld returns a function that claims up to one row of f and returns
 // the IDs it took, failing t on an error; the rows claimed are released
 // when t ends.
-func claimHeld(t *testing.T, f core.ClaimForm) func(n int) []string {
+func claimHeld(t *testing.T, f core.ClaimForm) func() []string {
 	ctx := context.Background()
 	var held []core.Claim
 	t.Cleanup(func() {
@@ -203,9 +167,9 @@ func claimHeld(t *testing.T, f core.ClaimForm) func(n int) []string {
 			_ = conformance.Complete(ctx, c, sqlxbroker.Outcome{Kind: sqlxbroker.Released})
 		}
 	})
-	return func(n int) []string {
+	return func() []string {
 		t.Helper()
-		cs, err := f.Claim(ctx, n)
+		cs, err := f.Claim(ctx, 1)
 		if err != nil {
 			t.Fatalf("claim: %v", err)
 		}

@@ -21,15 +21,6 @@ func EndKeySession(f core.ClaimForm) {
 	}
 }
 
-// SetKeyShare sets the keys an advisory form's recent waves tried and
-// locked, the share its next waves size themselves by.
-func SetKeyShare(f core.ClaimForm, tries, locks float64) {
-	a := unwrap(f).(*advisory)
-	a.mu.Lock()
-	a.tries, a.locks = tries, locks
-	a.mu.Unlock()
-}
-
 // SetClock makes a lease form read the time from clock.
 func SetClock(f core.ClaimForm, clock func() time.Time) {
 	unwrap(f).(*lease).clock = clock

@@ -33,27 +33,3 @@ func TestBefore(t *testing.T) {
 		}
 	}
 }
-
-// TestWaveSize: a wave tries as many keys as are wanted while every key
-// tried locks, more as fewer lock (at most candidates times as many), and
-// as many again once the keys lock again.
-func TestWaveSize(t *testing.T) {
-	var f advisory
-	step := func(what string, need, want int) {
-		t.Helper()
-		if got := f.waveSize(need); got != want {
-			t.Errorf("%s: waveSize(%d) = %d, want %d", what, need, got, want)
-		}
-	}
-	step("no wave yet", 10, 10)
-	f.tally(10, 10)
-	step("every key locked", 10, 10)
-	f.tally(40, 10)
-	step("some keys held elsewhere", 10, 26) // 49 tried, 19 locked, as waves weigh
-	f.tally(100, 0)
-	step("none locked", 10, 40)
-	for range 100 {
-		f.tally(10, 10)
-	}
-	step("every key locked again", 10, 10)
-}
