@@ -85,7 +85,9 @@ package mysql
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"regexp"
@@ -448,28 +450,69 @@ func (Dialect) ClaimLeases(ctx context.Context, on sqlx.ExtContext, p *core.Leas
 
 // ---- advisory ----
 
-// lockName turns the hex of a key into its lock name: DATABASE() ':' key as
-// bytes, or its hex SHA-256 when over 64 bytes. Bytes, not text, so the
-// name does not depend on the connection's character set.
+// lockNames returns the lock name of each key: DATABASE() ':' key as
+// bytes, or its hex SHA-256 when over 64 bytes or when the key has a byte
+// outside printable ASCII. Bytes, not text, so the name does not depend on
+// the connection's character set.
 //
 // A key with a byte outside printable ASCII is always hashed: GET_LOCK
 // converts a name to the server's character set (a byte invalid there, or
 // a 4-byte UTF-8 character, becomes '?') and ends it at a NUL byte, so
-// such keys would otherwise share locks. The first '?' is that choice.
-const lockName = "(SELECT IF(LENGTH(n) > 64 OR ?, SHA2(n, 256), n) FROM (SELECT CONCAT(CAST(COALESCE(DATABASE(), '') AS BINARY), ':', UNHEX(?)) AS n) AS k)"
+// such keys would otherwise share locks.
+//
+// The names are made here, not in the statement: a name computed in SQL
+// per key (a derived table each) made a statement of 800 keys take over a
+// second to plan and run on MariaDB 10.11, against 5 ms for literal names.
+func lockNames(ctx context.Context, p *core.AdvisoryParams) ([]any, error) {
+	db, err := keyDatabase(ctx, p)
+	if err != nil {
+		return nil, fmt.Errorf("sqlxbroker: mysql: the database of the lock names: %w", err)
+	}
+	names := make([]any, len(p.Keys))
+	for i, k := range p.Keys {
+		n := db + ":" + k
+		if len(n) > 64 || !printable(k) {
+			sum := sha256.Sum256([]byte(n))
+			names[i] = hex.EncodeToString(sum[:])
+		} else {
+			names[i] = []byte(n)
+		}
+	}
+	return names, nil
+}
+
+// databaseKey keeps a pool's DATABASE() (core.Keep).
+type databaseKey struct{}
+
+// keyDatabase is DATABASE() of p's sessions ("" for none), read once per
+// pool (on every call without one).
+func keyDatabase(ctx context.Context, p *core.AdvisoryParams) (string, error) {
+	read := func() (string, error) {
+		var db sql.NullString
+		err := p.Conn.QueryRowxContext(ctx, "SELECT DATABASE()").Scan(&db)
+		return db.String, err
+	}
+	if p.Pool == nil {
+		return read()
+	}
+	return core.Keep(p.Pool, databaseKey{}, read)
+}
 
 // TryAdvisoryLocks takes each key's GET_LOCK(name, 0) for the session, in
 // one statement of one GET_LOCK per key: 1 taken, 0 held elsewhere, NULL
 // an error.
 func (Dialect) TryAdvisoryLocks(ctx context.Context, p *core.AdvisoryParams) ([]bool, error) {
-	conn, keys := p.Conn, p.Keys
-	q, args := perKey("GET_LOCK("+lockName+", 0)", keys)
+	keys := p.Keys
+	names, err := lockNames(ctx, p)
+	if err != nil {
+		return nil, err
+	}
 	got := make([]sql.NullInt64, len(keys))
 	dest := make([]any, len(keys))
 	for i := range got {
 		dest[i] = &got[i]
 	}
-	if err := conn.QueryRowxContext(ctx, q, args...).Scan(dest...); err != nil {
+	if err := p.Conn.QueryRowxContext(ctx, perKey("GET_LOCK(?, 0)", len(keys)), names...).Scan(dest...); err != nil {
 		return nil, err
 	}
 	out := make([]bool, len(keys))
@@ -485,31 +528,22 @@ func (Dialect) TryAdvisoryLocks(ctx context.Context, p *core.AdvisoryParams) ([]
 // AdvisoryUnlocks releases keys in one statement; RELEASE_LOCK answers 0
 // or NULL for a key not held, which is no error.
 func (Dialect) AdvisoryUnlocks(ctx context.Context, p *core.AdvisoryParams) error {
-	conn, keys := p.Conn, p.Keys
-	q, args := perKey("RELEASE_LOCK("+lockName+")", keys)
-	released := make([]any, len(keys))
+	names, err := lockNames(ctx, p)
+	if err != nil {
+		return err
+	}
+	released := make([]any, len(names))
 	for i := range released {
 		released[i] = new(sql.NullInt64)
 	}
-	return conn.QueryRowxContext(ctx, q, args...).Scan(released...)
+	return p.Conn.QueryRowxContext(ctx, perKey("RELEASE_LOCK(?)", len(names)), names...).Scan(released...)
 }
 
-// perKey selects expr once per key, each with the key's two arguments.
-func perKey(expr string, keys []string) (string, []any) {
-	var b strings.Builder
-	args := make([]any, 0, 2*len(keys))
-	b.WriteString("SELECT ")
-	for i, k := range keys {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(expr)
-		args = append(args, !printable(k), hexOf(k))
-	}
-	return b.String(), args
+// perKey selects expr n times.
+func perKey(expr string, n int) string {
+	return "SELECT " + expr + strings.Repeat(", "+expr, n-1)
 }
 
-func hexOf(s string) string { return fmt.Sprintf("%x", s) }
 
 // printable reports whether s is printable ASCII, which GET_LOCK keeps as is.
 func printable(s string) bool {
