@@ -42,7 +42,7 @@ for db in postgres mysql; do
 	[ "$what" = all ] || [ "$what" = "$db" ] || continue
 	case $db in
 	postgres) dsn=$PG; big=100000; adv=50000; rl=20000 ;;
-	mysql) dsn=$MY; big=50000; adv=10000; rl=10000 ;;
+	mysql) dsn=$MY; big=50000; adv=50000; rl=10000 ;;
 	esac
 	for share in "" --share-cpus; do
 		run "$db procs lease $share" --driver $db --dsn "$dsn" --form lease --concurrency 1000 --rows $big --procs-compare 4 --procs-apart --rounds "$ROUNDS" $share

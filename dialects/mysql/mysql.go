@@ -14,7 +14,7 @@
 //   - advisory lock: GET_LOCK(name, 0) and RELEASE_LOCK(name) on the
 //     session holding the subscription's keys, a claim's keys in one SELECT
 //     (one session holds many locks: MySQL 5.7+, MariaDB 10.0.2+),
-//     name = DATABASE() ':' key (as bytes), replaced
+//     name = DATABASE() (read once per pool) ':' key (as bytes), replaced
 //     by its hex SHA-256 when over 64 bytes (GET_LOCK's limit) or when the
 //     key has a byte outside printable ASCII (GET_LOCK would turn it into
 //     '?' or end the name at a NUL, and distinct keys would share a lock). A server
