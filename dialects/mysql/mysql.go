@@ -544,7 +544,6 @@ func perKey(expr string, n int) string {
 	return "SELECT " + expr + strings.Repeat(", "+expr, n-1)
 }
 
-
 // printable reports whether s is printable ASCII, which GET_LOCK keeps as is.
 func printable(s string) bool {
 	for i := 0; i < len(s); i++ {
