@@ -500,9 +500,12 @@ func keyDatabase(ctx context.Context, p *core.AdvisoryParams) (string, error) {
 
 // TryAdvisoryLocks takes each key's GET_LOCK(name, 0) for the session, in
 // one statement of one GET_LOCK per key: 1 taken, 0 held elsewhere, NULL
-// an error.
+// an error. No keys: no statement.
 func (Dialect) TryAdvisoryLocks(ctx context.Context, p *core.AdvisoryParams) ([]bool, error) {
 	keys := p.Keys
+	if len(keys) == 0 {
+		return []bool{}, nil
+	}
 	names, err := lockNames(ctx, p)
 	if err != nil {
 		return nil, err
@@ -526,8 +529,11 @@ func (Dialect) TryAdvisoryLocks(ctx context.Context, p *core.AdvisoryParams) ([]
 }
 
 // AdvisoryUnlocks releases keys in one statement; RELEASE_LOCK answers 0
-// or NULL for a key not held, which is no error.
+// or NULL for a key not held, which is no error. No keys: no statement.
 func (Dialect) AdvisoryUnlocks(ctx context.Context, p *core.AdvisoryParams) error {
+	if len(p.Keys) == 0 {
+		return nil
+	}
 	names, err := lockNames(ctx, p)
 	if err != nil {
 		return err
@@ -539,7 +545,7 @@ func (Dialect) AdvisoryUnlocks(ctx context.Context, p *core.AdvisoryParams) erro
 	return p.Conn.QueryRowxContext(ctx, perKey("RELEASE_LOCK(?)", len(names)), names...).Scan(released...)
 }
 
-// perKey selects expr n times.
+// perKey selects expr n (at least 1) times.
 func perKey(expr string, n int) string {
 	return "SELECT " + expr + strings.Repeat(", "+expr, n-1)
 }

@@ -421,6 +421,12 @@ func TestAdvisoryLongKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
+	if ok, err := dialect.TryAdvisoryLocks(ctx, &core.AdvisoryParams{Conn: conn}); err != nil || len(ok) != 0 {
+		t.Errorf("no keys: %v %v, want none and no error", ok, err)
+	}
+	if err := dialect.AdvisoryUnlocks(ctx, &core.AdvisoryParams{Conn: conn}); err != nil {
+		t.Errorf("no keys to release: %v", err)
+	}
 	exact := strings.Repeat("e", 64-len(database)-1)
 	for _, c := range []struct{ key, name string }{
 		{exact, database + ":" + exact},
