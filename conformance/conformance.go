@@ -197,6 +197,9 @@ func Scenarios() []Scenario {
 		{"FIFORefused", func(d core.Dialect, f sqlxbroker.Form) bool { return !fifo(d, f) }, FIFORefused},
 		{"AdvisoryKeys", only(sqlxbroker.Advisory), AdvisoryKeys},
 		{"AdvisoryBatch", only(sqlxbroker.Advisory), AdvisoryBatch},
+		{"AdvisoryFirst", func(d core.Dialect, f sqlxbroker.Form) bool {
+			return f == sqlxbroker.Advisory && core.CapabilitiesOf(d).AdvisoryFirstLocker != nil
+		}, AdvisoryFirst},
 		{"IDMatch", func(d core.Dialect, f sqlxbroker.Form) bool {
 			return f == sqlxbroker.Advisory && core.CapabilitiesOf(d).IDMatcher != nil
 		}, IDMatch},

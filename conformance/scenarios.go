@@ -807,6 +807,54 @@ func AdvisoryBatch(t TB, tg *Target, f sqlxbroker.Form) {
 	}
 }
 
+// AdvisoryFirst (dialects with core.AdvisoryFirstLocker): keys are tried
+// in order until as many as wanted are locked; a key another session
+// holds is passed over, and the keys after the last one wanted are not
+// tried (another session takes them at once). With fewer free keys than
+// wanted, every key is tried.
+func AdvisoryFirst(t TB, tg *Target, f sqlxbroker.Form) {
+	caps := core.CapabilitiesOf(tg.Dialect)
+	lk, first := caps.AdvisoryLocker, caps.AdvisoryFirstLocker
+	db := tg.broker(t).DB()
+	pool := core.NewPool(db, tg.Dialect)
+	defer pool.Close()
+	ctx := context.Background()
+	var conns []*sqlx.Conn
+	for range 3 {
+		c, err := db.Connx(ctx)
+		if err != nil {
+			t.Fatalf("connection: %v", err)
+		}
+		defer c.Close()
+		conns = append(conns, c)
+	}
+	mine, other, third := conns[0], conns[1], conns[2]
+	tag := fmt.Sprintf("first-%d-", time.Now().UnixNano())
+	keys := []string{tag + "a", tag + "b", tag + "c", tag + "d", tag + "e"}
+	params := func(c *sqlx.Conn, keys []string) *core.AdvisoryParams {
+		return &core.AdvisoryParams{Pool: pool, Conn: c, Keys: keys}
+	}
+	defer func() {
+		for _, c := range conns {
+			_ = lk.AdvisoryUnlocks(ctx, params(c, keys))
+		}
+	}()
+	if ok, err := lk.TryAdvisoryLocks(ctx, params(other, keys[1:2])); err != nil || len(ok) != 1 || !ok[0] {
+		t.Fatalf("another session locks %q: %v %v", keys[1], ok, err)
+	}
+	got, err := first.TryFirstAdvisoryLocks(ctx, params(mine, keys), 2)
+	if err != nil || !slices.Equal(got, []int{0, 2}) {
+		t.Fatalf("TryFirstAdvisoryLocks(2 of 5, the second held elsewhere) = %v, %v; want positions [0 2]", got, err)
+	}
+	ok, err := lk.TryAdvisoryLocks(ctx, params(other, keys[3:]))
+	if err != nil || !slices.Equal(ok, []bool{true, true}) {
+		t.Fatalf("the keys after the second locked were tried: another session takes %v: %v, %v", keys[3:], ok, err)
+	}
+	if got, err = first.TryFirstAdvisoryLocks(ctx, params(third, keys), 5); err != nil || len(got) != 0 {
+		t.Fatalf("TryFirstAdvisoryLocks(5 of 5, each held elsewhere) = %v, %v; want none", got, err)
+	}
+}
+
 // FIFORefused (dialects without core.GroupGuard): a FIFO table is refused
 // at subscribe time with a *sqlxbroker.TableError naming Group, before
 // anything changes, while the same table without a group subscribes.

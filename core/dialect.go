@@ -129,6 +129,22 @@ type AdvisoryLocker interface {
 	LockWaitLimit(d time.Duration) (set, reset string)
 }
 
+// AdvisoryFirstLocker is an optional capability of an AdvisoryLocker:
+// trying keys in order only until enough are locked, in one statement.
+// Where other processes claim from the same rows, the advisory form then
+// tries all of a page's keys at once instead of as many as it wants, wave
+// after wave, and leaves the keys after the last it needs untried (never
+// locked for a moment and released: another process would pass over their
+// rows). Without it the form tries as many keys as it wants per statement.
+type AdvisoryFirstLocker interface {
+	// TryFirstAdvisoryLocks tries p.Keys in order, without waiting, until
+	// want of them (1 <= want <= len(p.Keys)) are locked, and returns the
+	// positions in p.Keys of the keys it locked, ascending. Keys after the
+	// want-th key locked are not tried. Fewer than want positions: every
+	// key was tried. After an error the caller discards the session.
+	TryFirstAdvisoryLocks(ctx context.Context, p *AdvisoryParams, want int) ([]int, error)
+}
+
 // GroupGuardParams is the input of GroupGuard.GuardGroup.
 type GroupGuardParams struct {
 	Plan  *Plan
@@ -289,10 +305,13 @@ type Capabilities struct {
 	RowLocker      RowLocker
 	Leaser         Leaser
 	AdvisoryLocker AdvisoryLocker
-	GroupGuard     GroupGuard
-	Starter        Starter
-	Waker          Waker
-	TableCreator   TableCreator
+	// AdvisoryFirstLocker: see AdvisoryFirstLocker; nil: keys are tried
+	// as many as are wanted per statement.
+	AdvisoryFirstLocker AdvisoryFirstLocker
+	GroupGuard          GroupGuard
+	Starter             Starter
+	Waker               Waker
+	TableCreator        TableCreator
 	// DuplicateSkipper: PublishParams.SkipDuplicates; nil: refused.
 	DuplicateSkipper DuplicateSkipper
 	// StateMarker: the counts read an indexed column of the table's own
@@ -310,6 +329,9 @@ func CapabilitiesOf(d Dialect) Capabilities {
 	c.RowLocker, _ = d.(RowLocker)
 	c.Leaser, _ = d.(Leaser)
 	c.AdvisoryLocker, _ = d.(AdvisoryLocker)
+	if c.AdvisoryLocker != nil {
+		c.AdvisoryFirstLocker, _ = d.(AdvisoryFirstLocker)
+	}
 	c.GroupGuard, _ = d.(GroupGuard)
 	c.Starter, _ = d.(Starter)
 	c.Waker, _ = d.(Waker)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -29,6 +30,9 @@ type advisory struct {
 	stopped sync.Once
 
 	batch batcher[*advisoryClaim] // completions, written in batches by flush
+
+	// contended: the last wave found keys another session holds.
+	contended atomic.Bool
 
 	fmu     sync.Mutex
 	writing int           // batches being written
@@ -239,8 +243,22 @@ func (f *advisory) claimFrom(ctx context.Context, cols, where string, args []any
 		for i := 0; i < len(cands) && len(out) < max && ctx.Err() == nil; {
 			var locked []*advisoryClaim
 			for i < len(cands) && len(out)+len(locked) < max && err == nil && ctx.Err() == nil {
-				wave := make([]*advisoryClaim, 0, min(len(cands)-i, max-len(out)-len(locked)))
-				for ; i < len(cands) && len(out)+len(locked)+len(wave) < max; i++ {
+				// Once a wave has found keys held by another session (other
+				// processes read the same rows, and a wave of as many keys
+				// as are wanted loses some to them, and another follows),
+				// a dialect that can stop at the keys wanted is given the
+				// page's every candidate left; the candidates it did not
+				// try are tried by the next wave or claim. Not before: the
+				// form's other claim running meanwhile passes over the
+				// keys of a wave.
+				need := max - len(out) - len(locked)
+				size := need
+				if f.plan.Caps.AdvisoryFirstLocker != nil && f.contended.Load() {
+					size = len(cands) - i
+				}
+				wave := make([]*advisoryClaim, 0, min(len(cands)-i, size))
+				at := make([]int, 0, cap(wave)) // the candidate of each
+				for ; i < len(cands) && len(wave) < size; i++ {
 					r := &cands[i]
 					key := p.Key.Render(r.get)
 					if tried[key] || !f.hold(key) {
@@ -248,6 +266,7 @@ func (f *advisory) claimFrom(ctx context.Context, cols, where string, args []any
 					}
 					tried[key] = true
 					wave = append(wave, &advisoryClaim{f: f, key: key, id: r.vals[0]})
+					at = append(at, i)
 				}
 				if len(wave) == 0 {
 					break
@@ -257,8 +276,20 @@ func (f *advisory) claimFrom(ctx context.Context, cols, where string, args []any
 					f.scan.advance(last)
 				}
 				var got []*advisoryClaim
-				got, err = f.tryLocks(ctx, wave)
+				var n int
+				got, n, err = f.tryLocks(ctx, wave, need)
+				f.contended.Store(len(got) < n)
 				locked = append(locked, got...)
+				if n < len(wave) {
+					// Untried: the next wave (or claim) starts at them.
+					for _, c := range wave[n:] {
+						delete(tried, c.key)
+					}
+					i = at[n]
+					if last = p.OrderValues(cands[at[n-1]].get); !keep {
+						f.scan.advance(last)
+					}
+				}
 			}
 			taken, terr := f.takeAll(ctx, locked)
 			out = append(out, taken...)
@@ -357,14 +388,17 @@ func (f *advisory) countAll(ctx context.Context, claims []*advisoryClaim) ([]row
 	return f.updateRows(ctx, f.db, p.QAttempt+" = "+p.NextAttempt(""), in+" AND "+where, append(inArgs, args...), len(ids))
 }
 
-// tryLocks tries the keys of wave on the holder's session and returns the
-// claims whose keys it locked; the keys of the others are dropped.
-func (f *advisory) tryLocks(ctx context.Context, wave []*advisoryClaim) ([]*advisoryClaim, error) {
+// tryLocks tries the keys of wave on the holder's session, with want > 0
+// only until want are locked where the dialect can stop there
+// (core.AdvisoryFirstLocker), and returns the claims whose keys it locked
+// and how many of wave (from the first) it tried; the keys of the others
+// are dropped.
+func (f *advisory) tryLocks(ctx context.Context, wave []*advisoryClaim, want int) ([]*advisoryClaim, int, error) {
 	keys := make([]string, len(wave))
 	for i, c := range wave {
 		keys[i] = c.key
 	}
-	ok, gen, err := f.keys.try(ctx, keys)
+	ok, tried, gen, err := f.keys.try(ctx, keys, want)
 	var out []*advisoryClaim
 	for i, c := range wave {
 		if err == nil && ok[i] {
@@ -374,7 +408,10 @@ func (f *advisory) tryLocks(ctx context.Context, wave []*advisoryClaim) ([]*advi
 			f.drop(c.key)
 		}
 	}
-	return out, err
+	if err != nil {
+		tried = len(wave)
+	}
+	return out, tried, err
 }
 
 // hold marks key as held by this form; false when it already is.

@@ -3,6 +3,7 @@ package forms
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -58,29 +59,31 @@ func stmtCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 }
 
 // try tries keys on the session (taking one when none is kept) and returns
-// which it locked and the session's deliveries. A kept session that held
+// which it locked, how many of them (from the first) it tried, and the
+// session's deliveries. With want > 0 and the dialect's
+// AdvisoryFirstLocker, it tries them only until want are locked. A kept session that held
 // no key may have ended unnoticed (it is not pinged then): when its try
 // fails, the keys are tried once more on a new session.
-func (h *keyHolder) try(ctx context.Context, keys []string) ([]bool, *holding, error) {
+func (h *keyHolder) try(ctx context.Context, keys []string, want int) ([]bool, int, *holding, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	kept := h.sess != nil && len(h.held) == 0
-	ok, err := h.tryOn(ctx, keys)
+	ok, tried, err := h.tryOn(ctx, keys, want)
 	if err != nil && kept && ctx.Err() == nil {
-		ok, err = h.tryOn(ctx, keys)
+		ok, tried, err = h.tryOn(ctx, keys, want)
 	}
 	if err != nil {
-		return nil, nil, err
+		return nil, 0, nil, err
 	}
-	return ok, h.gen, nil
+	return ok, tried, h.gen, nil
 }
 
 // tryOn is one try of try, with h.mu held.
-func (h *keyHolder) tryOn(ctx context.Context, keys []string) ([]bool, error) {
+func (h *keyHolder) tryOn(ctx context.Context, keys []string, want int) ([]bool, int, error) {
 	if h.sess == nil {
 		conn, err := h.f.db.Connx(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("sqlxbroker: advisory: a session for the keys: %w", err)
+			return nil, 0, fmt.Errorf("sqlxbroker: advisory: a session for the keys: %w", err)
 		}
 		if set, _ := h.f.plan.Caps.AdvisoryLocker.LockWaitLimit(lockWait); set != "" {
 			sctx, cancel := stmtCtx(ctx)
@@ -88,17 +91,17 @@ func (h *keyHolder) tryOn(ctx context.Context, keys []string) ([]bool, error) {
 			cancel()
 			if err != nil {
 				core.Discard(conn)
-				return nil, fmt.Errorf("sqlxbroker: advisory: limit the key session's lock waits: %w", err)
+				return nil, 0, fmt.Errorf("sqlxbroker: advisory: limit the key session's lock waits: %w", err)
 			}
 		}
 		h.sess, h.gen, h.held = conn, &holding{}, map[string]struct{}{}
 	}
 	sctx, cancel := stmtCtx(ctx)
 	defer cancel()
-	ok, err := h.lockKeys(sctx, h.sess, keys)
+	ok, tried, err := h.lockKeys(sctx, h.sess, keys, want)
 	if err != nil {
 		h.fail()
-		return nil, fmt.Errorf("sqlxbroker: try advisory locks (%d keys): %w", len(keys), err)
+		return nil, 0, fmt.Errorf("sqlxbroker: try advisory locks (%d keys): %w", len(keys), err)
 	}
 	for i, b := range ok {
 		if b {
@@ -106,7 +109,7 @@ func (h *keyHolder) tryOn(ctx context.Context, keys []string) ([]bool, error) {
 		}
 	}
 	h.used = time.Now()
-	return ok, nil
+	return ok, tried, nil
 }
 
 // keepFor is how long a session that holds no key is kept (pings give it
@@ -235,20 +238,48 @@ func (h *keyHolder) giveBack() {
 	h.sess, h.gen, h.held = nil, nil, nil
 }
 
-// lockKeys tries keys on conn, in statements of up to batchKeys keys.
-func (h *keyHolder) lockKeys(ctx context.Context, conn *sqlx.Conn, keys []string) ([]bool, error) {
+// lockKeys tries keys on conn, in statements of up to batchKeys keys, and
+// returns which it locked and how many (from the first) it tried: all, or
+// with want > 0 and the dialect's AdvisoryFirstLocker, those up to the
+// want-th locked.
+func (h *keyHolder) lockKeys(ctx context.Context, conn *sqlx.Conn, keys []string, want int) ([]bool, int, error) {
+	caps := h.f.plan.Caps
+	if first := caps.AdvisoryFirstLocker; want > 0 && first != nil {
+		ok := make([]bool, len(keys))
+		tried, got := 0, 0
+		for i := 0; i < len(keys) && got < want; i += batchKeys {
+			batch := keys[i:min(i+batchKeys, len(keys))]
+			n := min(want-got, len(batch))
+			at, err := first.TryFirstAdvisoryLocks(ctx, &core.AdvisoryParams{Pool: h.f.pool, Conn: conn, Keys: batch}, n)
+			if err != nil {
+				return nil, 0, err
+			}
+			if len(at) > n || !slices.IsSorted(at) || len(at) > 0 && (at[0] < 0 || at[len(at)-1] >= len(batch)) {
+				return nil, 0, fmt.Errorf("the dialect's TryFirstAdvisoryLocks returned positions %v for %d keys, at most %d", at, len(batch), n)
+			}
+			for _, j := range at {
+				ok[i+j] = true
+			}
+			got += len(at)
+			tried = i + len(batch)
+			if len(at) == n {
+				tried = i + at[n-1] + 1
+			}
+		}
+		return ok, tried, nil
+	}
 	var out []bool
 	for i := 0; i < len(keys); i += batchKeys {
-		ok, err := h.f.plan.Caps.AdvisoryLocker.TryAdvisoryLocks(ctx, &core.AdvisoryParams{Pool: h.f.pool, Conn: conn, Keys: keys[i:min(i+batchKeys, len(keys))]})
+		ok, err := caps.AdvisoryLocker.TryAdvisoryLocks(ctx, &core.AdvisoryParams{Pool: h.f.pool, Conn: conn, Keys: keys[i:min(i+batchKeys, len(keys))]})
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		out = append(out, ok...)
 	}
 	if len(out) != len(keys) {
-		return nil, fmt.Errorf("the dialect's TryAdvisoryLocks returned %d results for %d keys", len(out), len(keys))
+		return nil, 0, fmt.Errorf("the dialect's TryAdvisoryLocks returned %d results for %d keys", len(out), len(keys))
 	}
-	return out, nil
+	return out, len(keys), nil
 }
 
 // unlockKeys releases keys on conn, batched as lockKeys tries them.

@@ -171,3 +171,44 @@ func TestClaimLeasesPassesOverTouched(t *testing.T) {
 		}
 	}
 }
+
+// TestTryFirstAdvisoryLocks: keys are tried in order until as many as
+// wanted are locked; a key another session holds is passed over, and the
+// keys after the last one wanted are not tried (another session can take
+// them at once). Fewer free keys than wanted: all are tried.
+func TestTryFirstAdvisoryLocks(t *testing.T) {
+	ctx := context.Background()
+	db := openDSN(dsn(t))(t)
+	conn := func() *sqlx.Conn {
+		t.Helper()
+		c, err := db.Connx(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	d := postgres.Dialect{}
+	mine, other, third := conn(), conn(), conn()
+	keys := []string{"first-a", "first-b", "first-c", "first-d", "first-e"}
+	if ok, err := d.TryAdvisoryLocks(ctx, &core.AdvisoryParams{Conn: other, Keys: keys[1:2]}); err != nil || !ok[0] {
+		t.Fatalf("the other session locks %s: %v %v", keys[1], ok, err)
+	}
+	got, err := d.TryFirstAdvisoryLocks(ctx, &core.AdvisoryParams{Conn: mine, Keys: keys}, 2)
+	if err != nil || !slices.Equal(got, []int{0, 2}) {
+		t.Fatalf("two of %v (the second held elsewhere): %v %v, want positions 0 and 2", keys, got, err)
+	}
+	ok, err := d.TryAdvisoryLocks(ctx, &core.AdvisoryParams{Conn: other, Keys: keys[3:]})
+	if err != nil || !slices.Equal(ok, []bool{true, true}) {
+		t.Fatalf("keys after the second locked were tried (the other session takes %v: %v %v)", keys[3:], ok, err)
+	}
+	got, err = d.TryFirstAdvisoryLocks(ctx, &core.AdvisoryParams{Conn: third, Keys: keys}, 5)
+	if err != nil || len(got) != 0 {
+		t.Fatalf("five of %v, every one held elsewhere: %v %v", keys, got, err)
+	}
+	for _, s := range []*sqlx.Conn{mine, other} {
+		if err := d.AdvisoryUnlocks(ctx, &core.AdvisoryParams{Conn: s, Keys: keys}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -53,6 +53,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -293,8 +294,32 @@ func arrayLiteral(vals []any) string {
 
 const (
 	tryAdvisoryLocks = `SELECT pg_try_advisory_lock(hashtextextended(k, 0)) FROM unnest($1::text[]) WITH ORDINALITY AS u(k, i) ORDER BY i`
-	advisoryUnlocks  = `SELECT count(pg_advisory_unlock(hashtextextended(k, 0))) FROM unnest($1::text[]) AS u(k)`
+	// The function scan yields the keys in order and the filter tries
+	// each as it comes; the limit stops asking for keys after the $2-th
+	// locked, so the keys after it are not tried.
+	tryFirstAdvisoryLocks = `SELECT i FROM unnest($1::text[]) WITH ORDINALITY AS u(k, i) WHERE pg_try_advisory_lock(hashtextextended(k, 0)) LIMIT $2`
+	advisoryUnlocks       = `SELECT count(pg_advisory_unlock(hashtextextended(k, 0))) FROM unnest($1::text[]) AS u(k)`
 )
+
+// TryFirstAdvisoryLocks tries keys in order, as TryAdvisoryLocks does,
+// until want are locked (core.AdvisoryFirstLocker).
+func (Dialect) TryFirstAdvisoryLocks(ctx context.Context, p *core.AdvisoryParams, want int) ([]int, error) {
+	rows, err := p.Conn.QueryContext(ctx, tryFirstAdvisoryLocks, keysArray(p.Keys), want)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []int
+	for rows.Next() {
+		var i int
+		if err := rows.Scan(&i); err != nil {
+			return nil, err
+		}
+		out = append(out, i-1)
+	}
+	slices.Sort(out)
+	return out, rows.Err()
+}
 
 // TryAdvisoryLocks takes, in one statement and without waiting, the
 // session lock on a 64-bit hash of each key. Keys are the database's: equal
