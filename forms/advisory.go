@@ -409,7 +409,7 @@ func (f *advisory) tryLocks(ctx context.Context, wave []*advisoryClaim, want int
 		}
 	}
 	if err != nil {
-		tried = len(wave)
+		tried = len(wave) // the claim ends: nothing is left to try again
 	}
 	return out, tried, err
 }

@@ -60,10 +60,10 @@ func stmtCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 
 // try tries keys on the session (taking one when none is kept) and returns
 // which it locked, how many of them (from the first) it tried, and the
-// session's deliveries. With want > 0 and the dialect's
-// AdvisoryFirstLocker, it tries them only until want are locked. A kept session that held
-// no key may have ended unnoticed (it is not pinged then): when its try
-// fails, the keys are tried once more on a new session.
+// session's deliveries; with want > 0 and the dialect's
+// AdvisoryFirstLocker, only until want are locked. A kept session that
+// held no key may have ended unnoticed (it is not pinged then): when its
+// try fails, the keys are tried once more on a new session.
 func (h *keyHolder) try(ctx context.Context, keys []string, want int) ([]bool, int, *holding, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
