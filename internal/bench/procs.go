@@ -97,11 +97,16 @@ type Contention struct {
 	// Innodb_rows_read on MySQL), the index lookups (Handler_read_key:
 	// claims' seeks and completions' lookups) and the index entries read
 	// after one (Handler_read_next: rows stepped over by range claims).
+	// PageReadsPerDelivery: InnoDB's page reads from its buffer pool
+	// (Innodb_buffer_pool_read_requests), which count the records a locking
+	// read passes over inside InnoDB (held by another transaction, or
+	// deleted and not yet purged) that the handler counters never see.
 	RowLockWaits          int64   `json:"row_lock_waits,omitempty"`
 	RowLockTimeMs         int64   `json:"row_lock_time_ms,omitempty"`
 	RowsReadPerDelivery   float64 `json:"rows_read_per_delivery,omitempty"`
 	ReadKeyPerDelivery    float64 `json:"read_key_per_delivery,omitempty"`
 	ReadNextPerDelivery   float64 `json:"read_next_per_delivery,omitempty"`
+	PageReadsPerDelivery  float64 `json:"page_reads_per_delivery,omitempty"`
 	ServerCountersChecked bool    `json:"server_counters,omitempty"` // the MariaDB/MySQL counters were read
 }
 
@@ -687,7 +692,7 @@ func (k *contention) counters(ctx context.Context) (map[string]int64, error) {
 	}
 	rows, err := k.db.QueryContext(ctx, `SHOW GLOBAL STATUS WHERE Variable_name IN
 		('Innodb_row_lock_waits', 'Innodb_row_lock_time', 'Innodb_rows_read', 'Rows_read', 'Handler_read_key', 'Handler_read_next',
-		 'Com_select', 'Com_update', 'Com_delete', 'Com_commit')`)
+		 'Innodb_buffer_pool_read_requests', 'Com_select', 'Com_update', 'Com_delete', 'Com_commit')`)
 	if err != nil {
 		return out, nil // not MariaDB or MySQL: nothing to count
 	}
@@ -756,6 +761,7 @@ func (k *contention) stop(ctx context.Context, r *ProcsResult) {
 		co.RowsReadPerDelivery = float64(delta(rowsRead)) / d
 		co.ReadKeyPerDelivery = float64(delta("Handler_read_key")) / d
 		co.ReadNextPerDelivery = float64(delta("Handler_read_next")) / d
+		co.PageReadsPerDelivery = float64(delta("Innodb_buffer_pool_read_requests")) / d
 		co.CommitsPerDelivery = float64(delta("Com_commit")) / d
 		co.StatementsPerDelivery = map[string]float64{}
 		for _, st := range []string{"select", "update", "delete"} {

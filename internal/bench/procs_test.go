@@ -88,7 +88,7 @@ func TestRunProcs(t *testing.T) {
 						t.Errorf("PostgreSQL contention not read: %+v", co)
 					}
 				case "mysql":
-					if !co.ServerCountersChecked || co.ReadKeyPerDelivery <= 0 {
+					if !co.ServerCountersChecked || co.ReadKeyPerDelivery <= 0 || co.PageReadsPerDelivery < 1 {
 						t.Errorf("MariaDB counters not read: %+v", co)
 					}
 				}
