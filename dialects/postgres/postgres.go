@@ -296,7 +296,9 @@ const (
 	tryAdvisoryLocks = `SELECT pg_try_advisory_lock(hashtextextended(k, 0)) FROM unnest($1::text[]) WITH ORDINALITY AS u(k, i) ORDER BY i`
 	// The function scan yields the keys in order and the filter tries
 	// each as it comes; the limit stops asking for keys after the $2-th
-	// locked, so the keys after it are not tried.
+	// locked, so the keys after it are not tried. No ORDER BY: a sort
+	// reads its whole input first, which would try every key; the
+	// positions are sorted in Go instead.
 	tryFirstAdvisoryLocks = `SELECT i FROM unnest($1::text[]) WITH ORDINALITY AS u(k, i) WHERE pg_try_advisory_lock(hashtextextended(k, 0)) LIMIT $2`
 	advisoryUnlocks       = `SELECT count(pg_advisory_unlock(hashtextextended(k, 0))) FROM unnest($1::text[]) AS u(k)`
 )
