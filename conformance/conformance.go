@@ -34,6 +34,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -107,7 +108,18 @@ type Target struct {
 	// The scenarios NetworkStall and NetworkCut put a faulty Network
 	// there, and skip, saying so, without it.
 	Dial func(t TB, dial DialFunc) *sqlx.DB
+	// ScenarioLimit is how long one scenario may run. A scenario still
+	// running then ends the program, as go test's -timeout would, but
+	// naming the scenario after every goroutine's stack, so a hang is
+	// found from the end of a long log. Zero means DefaultScenarioLimit;
+	// a negative limit runs scenarios unwatched.
+	ScenarioLimit time.Duration
 }
+
+// DefaultScenarioLimit is Target.ScenarioLimit's zero value: ten times the
+// longest scenario's run on a loaded two-CPU machine under the race
+// detector.
+const DefaultScenarioLimit = 5 * time.Minute
 
 // refuses reports whether f is in tg.Refuses.
 func (tg *Target) refuses(f sqlxbroker.Form) bool {
@@ -295,16 +307,45 @@ func Run(t *testing.T, tg Target) {
 				case s.skip != "":
 					t.Skip(s.skip)
 				default:
-					t.Run(s.name, func(t *testing.T) { s.run(t) })
+					t.Run(s.name, func(t *testing.T) { tg.watched(t, s.run) })
 				}
 			}
 		})
 	}
 	for _, s := range steps {
 		if s.form == 0 {
-			t.Run(s.name, func(t *testing.T) { s.run(t) })
+			t.Run(s.name, func(t *testing.T) { tg.watched(t, s.run) })
 		}
 	}
+}
+
+// watched runs a scenario under tg.ScenarioLimit: past it, every
+// goroutine's stack goes to standard error and the program panics naming
+// the scenario (the panic's own trace is short, so its name ends the log).
+func (tg *Target) watched(t TB, run func(TB)) {
+	limit := tg.ScenarioLimit
+	if limit == 0 {
+		limit = DefaultScenarioLimit
+	}
+	if limit < 0 {
+		run(t)
+		return
+	}
+	timer := time.AfterFunc(limit, func() {
+		buf := make([]byte, 1<<20)
+		for {
+			n := runtime.Stack(buf, true)
+			if n < len(buf) {
+				buf = buf[:n]
+				break
+			}
+			buf = make([]byte, 2*len(buf))
+		}
+		fmt.Fprintf(os.Stderr, "conformance: %s has run for %v; every goroutine's stack:\n\n%s\n", t.Name(), limit, buf)
+		panic(fmt.Sprintf("conformance: %s did not end within Target.ScenarioLimit (%v); the goroutines above show where it waits", t.Name(), limit))
+	})
+	defer timer.Stop()
+	run(t)
 }
 
 // suitePayload are the payload columns of the suite's tables.

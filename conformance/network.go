@@ -180,7 +180,10 @@ func NetworkStall(t TB, tg *Target, f sqlxbroker.Form) {
 	}
 	s1 := subscribe(t, b1, tb, func(ctx context.Context, d *sqlxbroker.Delivery) error {
 		a := acct(d)
-		started <- a
+		select {
+		case started <- a:
+		default: // only the first delivery is awaited
+		}
 		if a != "stalled" {
 			return nil
 		}
@@ -282,6 +285,9 @@ func NetworkCut(t TB, tg *Target, f sqlxbroker.Form) {
 	var lost []error
 	completed := map[any]int{}
 	gate, proceed := make(chan struct{}), make(chan struct{})
+	open, goOn := sync.OnceFunc(func() { close(gate) }), sync.OnceFunc(func() { close(proceed) })
+	defer open() // a failed step still lets the handlers go
+	defer goOn()
 	s1 := subscribe(t, b1, tb, func(ctx context.Context, d *sqlxbroker.Delivery) error {
 		mu.Lock()
 		started++
@@ -319,7 +325,7 @@ func NetworkCut(t TB, tg *Target, f sqlxbroker.Form) {
 	cut := n.Cut()
 	cutAt := time.Now()
 	if f == sqlxbroker.Lease {
-		close(gate)
+		open()
 	} else {
 		WaitFor(t, 10*time.Second, "the cut deliveries' handlers to be cancelled", func() bool {
 			mu.Lock()
@@ -340,7 +346,7 @@ func NetworkCut(t TB, tg *Target, f sqlxbroker.Form) {
 		for _, c := range again {
 			complete(t, c, sqlxbroker.Released)
 		}
-		close(proceed)
+		goOn()
 	}
 	publish(t, b2, tb, msg{Acct: "after"})
 	WaitFor(t, 30*time.Second, "every row to complete after the cut", func() bool {

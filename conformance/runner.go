@@ -39,7 +39,7 @@ func RunAll(tg Target, progress func(r Result, done bool)) []Result {
 		}
 		t := &runT{name: "Conformance/" + s.form.String() + "/" + s.name}
 		begin := time.Now()
-		t.run(s.run)
+		t.run(func(t TB) { tg.watched(t, s.run) })
 		r.Took, r.Log, r.Status = time.Since(begin), t.log, t.status()
 		out = append(out, r)
 		if progress != nil {

@@ -36,8 +36,28 @@ func subscribe(t TB, b *sqlxbroker.Broker, tb sqlxbroker.Table, h sqlxbroker.Han
 	if err != nil {
 		t.Fatalf("subscribe: %v", err)
 	}
-	t.Cleanup(func() { _ = s.Stop(context.Background()) })
+	t.Cleanup(func() { stopSoon(t, s) })
 	return s
+}
+
+// stopLimit is how long a scenario's subscription has to stop after the
+// scenario ends, before its handlers' contexts are cancelled.
+const stopLimit = 30 * time.Second
+
+// stopSoon stops s as a scenario ends. A scenario that failed may have left
+// handlers waiting for a step it never took: their contexts are cancelled
+// at once. One that passed lets in-flight deliveries finish for up to
+// stopLimit. Either way the scenario ends instead of hanging on a handler.
+func stopSoon(t TB, s *sqlxbroker.Subscription) {
+	limit := stopLimit
+	if t.Failed() {
+		limit = 0
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	if err := s.Stop(ctx); errors.Is(err, context.DeadlineExceeded) && limit > 0 {
+		t.Errorf("the subscription did not stop within %v of the scenario's end; its handlers were cancelled", limit)
+	}
 }
 
 // ExactlyOnce: several subscriptions in two brokers drain a table; every row

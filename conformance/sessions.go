@@ -157,6 +157,8 @@ func SessionLoss(t TB, tg *Target, f sqlxbroker.Form) {
 	completed := map[string]int{}
 	inWork := 0
 	gate := make(chan struct{})
+	release := sync.OnceFunc(func() { close(gate) })
+	defer release() // a failed step still lets the handlers go
 	h := func(ctx context.Context, d *sqlxbroker.Delivery) error {
 		mu.Lock()
 		inWork++
@@ -183,7 +185,7 @@ func SessionLoss(t TB, tg *Target, f sqlxbroker.Form) {
 		return inWork >= blocked
 	})
 	n := kill(t)
-	close(gate)
+	release()
 	publish(t, ba, tb, rows(batch)...)
 	WaitFor(t, 30*time.Second, "every row to complete after the sessions ended", func() bool {
 		return count(t, admin, tg.Dialect, tb.Name, "") == 0
