@@ -341,7 +341,11 @@ func (f *rowLock) claimIn(ctx context.Context, t *claimTx) (core.Claim, error) {
 		return fail(err)
 	}
 	c := &rowLockClaim{f: f, t: t, row: f.delivery(r, attempt, "")}
+	// Under c.mu: a check that runs before AfterFunc returns (a claimer
+	// descheduled for pingEvery) resets the timer under c.mu too.
+	c.mu.Lock()
 	c.watch = time.AfterFunc(pingEvery, c.check)
+	c.mu.Unlock()
 	return c, nil
 }
 
