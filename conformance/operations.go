@@ -259,18 +259,26 @@ func OperationsAtScale(t TB, tg *Target, f sqlxbroker.Form) {
 	p := quick
 	p.Concurrency = 32
 	s := subscribe(t, b, tb, h.handle, p)
+	begin := time.Now()
 	req, err := b.Requeue(ctx, tb, sqlxbroker.Select{All: true})
+	requeued := time.Since(begin)
 	if err != nil || req != int64(n) {
 		t.Fatalf("requeue %d dead rows under a drain: %d, %v", n, req, err)
 	}
-	WaitFor(t, 5*time.Minute, "the live and requeued rows completed", func() bool { return s.Stats().Succeeded >= int64(n+live) })
+	succeeded := func() int64 { return s.Stats().Succeeded }
+	waitDrain(t, 2*time.Minute, "the live and requeued rows to complete", int64(n+live), succeeded)
+	drained := time.Since(begin)
 	publishState(t, tg, b, tb, "dead2", n, map[string]time.Time{"dead_at": time.Now()})
 	publishState(t, tg, b, tb, "live2", live, nil)
+	begin = time.Now()
 	del, err := b.Delete(ctx, tb, sqlxbroker.DeleteParams{State: sqlxbroker.StateDead, Select: sqlxbroker.Select{All: true}})
+	deleted := time.Since(begin)
 	if err != nil || del != int64(n) {
 		t.Fatalf("delete %d dead rows under a drain: %d, %v", n, del, err)
 	}
-	WaitFor(t, 5*time.Minute, "the second live rows completed", func() bool { return s.Stats().Succeeded >= int64(n+2*live) })
+	waitDrain(t, 2*time.Minute, "the second live rows to complete", int64(n+2*live), succeeded)
+	t.Logf("requeued %d rows in %v, all delivered in %v; deleted %d in %v, the rest delivered in %v",
+		n, requeued.Round(time.Millisecond), drained.Round(time.Millisecond), n, deleted.Round(time.Millisecond), time.Since(begin).Round(time.Millisecond))
 	if err := s.Stop(ctx); err != nil {
 		t.Errorf("stop: %v", err)
 	}

@@ -27,41 +27,56 @@ func (hungLease) ClaimLeases(ctx context.Context, on sqlx.ExtContext, p *core.Le
 const hungChild = "SQLXBROKER_HUNG_SCENARIO_CHILD"
 
 // TestScenarioLimit: a scenario that hangs ends the program once
-// Target.ScenarioLimit passes, and the output ends by naming the scenario,
-// after the stack of the goroutine where it waits.
+// Target.ScenarioLimit passes (RunAll), or just before go test's -timeout
+// would (Run), and the output ends by naming the scenario, after the stack
+// of the goroutine where it waits.
 func TestScenarioLimit(t *testing.T) {
-	if os.Getenv(hungChild) == "1" {
+	switch os.Getenv(hungChild) {
+	case "runall":
 		tg := exampleTarget(t, hungLease{})
 		tg.Scenarios = []string{"Attempts"}
 		tg.ScenarioLimit = 2 * time.Second
 		conformance.RunAll(tg, nil)
 		t.Fatal("RunAll returned from a hung scenario")
+	case "run":
+		tg := exampleTarget(t, hungLease{})
+		tg.Scenarios = []string{"Attempts"}
+		conformance.Run(t, tg)
+		t.Fatal("Run returned from a hung scenario")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestScenarioLimit$", "-test.count=1")
-	cmd.Env = append(os.Environ(), hungChild+"=1")
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	begin := time.Now()
-	err := cmd.Run()
-	took := time.Since(begin)
-	if err == nil {
-		t.Fatalf("the program with a hung scenario exited 0:\n%s", out.String())
-	}
-	if took > time.Minute {
-		t.Errorf("the program ended %v after starting a scenario limited to 2s", took)
-	}
-	text := out.String()
-	if !strings.Contains(text, "hungLease.ClaimLeases") {
-		t.Errorf("the output has no stack of the hung claim:\n%s", text)
-	}
-	const want = "conformance: Conformance/lease/Attempts did not end within Target.ScenarioLimit (2s)"
-	at := strings.LastIndex(text, want)
-	if at < 0 {
-		t.Fatalf("the output does not name the hung scenario (%q):\n%s", want, text)
-	}
-	if rest := text[at:]; strings.Contains(rest, "hungLease.ClaimLeases") {
-		t.Errorf("the scenario's name is not after the goroutines' stacks:\n%s", rest)
+	for _, c := range []struct {
+		mode, timeout, want string
+	}{
+		{"runall", "10m", "conformance: Conformance/lease/Attempts did not end within 2s (Target.ScenarioLimit)"},
+		{"run", "22s", "conformance: TestScenarioLimit/lease/Attempts did not end within 2s (go test's -timeout, less 20s)"},
+	} {
+		t.Run(c.mode, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestScenarioLimit$", "-test.count=1", "-test.timeout="+c.timeout)
+			cmd.Env = append(os.Environ(), hungChild+"="+c.mode)
+			var out bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			begin := time.Now()
+			err := cmd.Run()
+			took := time.Since(begin)
+			if err == nil {
+				t.Fatalf("the program with a hung scenario exited 0:\n%s", out.String())
+			}
+			if took > time.Minute {
+				t.Errorf("the program ended %v after starting a scenario limited to 2s", took)
+			}
+			text := out.String()
+			if !strings.Contains(text, "hungLease.ClaimLeases") {
+				t.Errorf("the output has no stack of the hung claim:\n%s", text)
+			}
+			at := strings.LastIndex(text, c.want)
+			if at < 0 {
+				t.Fatalf("the output does not name the hung scenario (%q):\n%s", c.want, text)
+			}
+			if rest := text[at:]; strings.Contains(rest, "hungLease.ClaimLeases") {
+				t.Errorf("the scenario's name is not after the goroutines' stacks:\n%s", rest)
+			}
+		})
 	}
 }
