@@ -112,21 +112,21 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	var out []core.Claim
 	tried := make(map[string]bool, max)
 	for retry := false; ; retry = true {
-		from, fromArgs, keep := "", []any(nil), false
+		from, fromArgs, keep, full := "", []any(nil), false, true
 		if p.QGroup == "" {
-			from, fromArgs, keep = f.scan.from(p, p.Alias, retry)
+			from, fromArgs, keep, full = f.scan.from(p, p.Alias, retry)
 		}
 		// Ahead of the cursor, most rows are claimable: the first page
 		// reads a little more than is wanted (a full scan, the rows held
 		// too), the next pages (past rows whose keys are held) more.
 		first := max - len(out)
 		first += first/candidates + 1
-		if from == "" {
+		if full {
 			first += held
 		}
-		w := where
-		if from != "" {
-			w += " AND " + p.Uncounted(p.Alias) + from
+		w := where + from
+		if !full {
+			w = where + " AND " + p.Uncounted(p.Alias) + from
 		}
 		got, end, last, err := f.claimFrom(ctx, cols, w, append(append([]any{}, args...), fromArgs...), first, max-len(out), tried, keep)
 		out = append(out, got...)
@@ -137,7 +137,7 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 		if err != nil {
 			return out, err
 		}
-		if from == "" || len(out) == max || !end {
+		if full || len(out) == max || !end {
 			break
 		}
 		// Fewer rows ahead of the cursor than asked: scan from the start

@@ -10,6 +10,10 @@ import (
 // the test ends.
 func SetFullScanEvery(d time.Duration) { fullScanEvery = d }
 
+// SetFloorEvery sets how long a floor serves full scans before it is read
+// again.
+func SetFloorEvery(d time.Duration) { floorEvery = d }
+
 // EndKeySession ends the session that holds an advisory form's keys, as a
 // failed statement on it does.
 func EndKeySession(f core.ClaimForm) {

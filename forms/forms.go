@@ -84,7 +84,14 @@ type cursor struct {
 	at     []any     // the order values of the last row claimed; nil: none
 	full   time.Time // when the last full scan started
 	rescan bool      // the next claim scans from the first row (rescanNext)
+
+	floor   []any     // where full scans start (see floor); nil: the first row
+	floorAt time.Time // when floor was read; zero: never
 }
+
+// floorEvery is how long a floor (see cursor.floor) serves full scans
+// before it is read again.
+var floorEvery = time.Second
 
 // from returns the condition and args that start a claim at the cursor
 // (over alias), or "" for a full scan, which it then counts as started.
@@ -95,7 +102,11 @@ type cursor struct {
 // reports its last row with rescanned instead of advance, which leaves
 // the cursor where it is rather than moving it back before every row the
 // cursor has passed.
-func (c *cursor) from(p *core.Plan, alias string, retry bool) (cond string, args []any, keep bool) {
+//
+// full reports a full scan: from the first row, or from the floor (see
+// floor), with cond then its condition. A full scan may not pass over a
+// claimable row it can lock (core.LeaseClaimParams.Cursor is false).
+func (c *cursor) from(p *core.Plan, alias string, retry bool) (cond string, args []any, keep, full bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := time.Now()
@@ -106,14 +117,68 @@ func (c *cursor) from(p *core.Plan, alias string, retry bool) (cond string, args
 		// Every claim rescans until one finds nothing more before the
 		// cursor (rescanned): claims run at once, and a burst of
 		// publishes can stand behind one wake-up.
-		return "", nil, true
+		return "", nil, true, true
 	}
 	if c.at == nil || now.Sub(c.full) >= fullScanEvery {
 		c.full, c.rescan = now, false
-		return "", nil, false
+		if c.floor != nil && now.Sub(c.floorAt) < floorEvery {
+			cond, args = p.From(alias, c.floor, false)
+			return " AND " + cond, args, false, true
+		}
+		return "", nil, false, true
 	}
 	cond, args = p.From(alias, c.at, false)
-	return " AND " + cond, args, false
+	return " AND " + cond, args, false, false
+}
+
+// floors reports whether p's full scans may start from a floor: its rows
+// are in ID order (a new row comes after the others, but for one
+// committed late) and finished rows stay in the table (DoneAt or DeadAt),
+// where an index over every row, as MariaDB's, holds them ahead of the
+// unfinished ones.
+func floors(p *core.Plan) bool {
+	return p.OrderIsID() && p.QGroup == "" && (p.QDoneAt != "" || p.QDeadAt != "")
+}
+
+// floorDue reports whether the floor must be read again, and if so counts
+// it as read now, so that concurrent claims read it once.
+func (c *cursor) floorDue(p *core.Plan) bool {
+	if !floors(p) {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	if now.Sub(c.floorAt) < floorEvery {
+		return false
+	}
+	c.floorAt, c.floor = now, nil
+	return true
+}
+
+// readFloor reads where full scans start for the next floorEvery: the
+// first unfinished row, or when there is none the last row. Rows before
+// it are done or dead and stay so, but for a dead row requeued and a row
+// committed late with a lower ID: the full scan from the first row after
+// floorEvery finds those. Without it a table that keeps its finished rows
+// has every full scan step over all of them first (every claim, when the
+// cursor runs dry at a low rate). On error, full scans start from the
+// first row.
+func (c *cursor) readFloor(ctx context.Context, q sqlx.QueryerContext, p *core.Plan) {
+	var id any
+	first := "SELECT " + p.Alias + "." + p.QID + " FROM " + p.QTable + " " + p.Alias + " WHERE " + p.Unfinished(p.Alias) +
+		" ORDER BY " + p.OrderBy(p.Alias) + " LIMIT 1"
+	err := sqlx.GetContext(ctx, q, &id, first)
+	if errors.Is(err, sql.ErrNoRows) {
+		err = sqlx.GetContext(ctx, q, &id, "SELECT "+p.Alias+"."+p.QID+" FROM "+p.QTable+" "+p.Alias+" ORDER BY "+p.Alias+"."+p.QID+" DESC LIMIT 1")
+	}
+	if err != nil {
+		return
+	}
+	v := orderPosition([]any{id})
+	c.mu.Lock()
+	c.floor = v
+	c.mu.Unlock()
 }
 
 // advance moves the cursor to the order values v (Plan.OrderValues) of a

@@ -91,6 +91,11 @@ func (f *lease) Close() error {
 func (f *lease) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	p := f.plan
 	fifo := p.QGroup != ""
+	if f.scan.floorDue(p) {
+		// Before the claim's transaction: a pool of one connection (an
+		// SQLite file's writer) has none to spare while it is open.
+		f.scan.readFloor(ctx, f.db, p)
+	}
 	if !fifo && p.Dialect.Features().LeaseClaimStatement {
 		// One statement that waits for nothing commits by itself. It is
 		// not cut short when ctx ends (a stopping subscription): rows it
@@ -156,19 +161,19 @@ func (f *lease) claimOn(ctx context.Context, q sqlx.ExtContext, tx *sqlx.Tx, now
 	keep := false
 	for retry := false; ; retry = true {
 		// Outside FIFO tables, from the cursor first (see cursor); when
-		// that finds nothing, from the start.
-		from, fromArgs := "", []any(nil)
+		// that finds nothing, from the start (or the floor).
+		from, fromArgs, full := "", []any(nil), true
 		if p.QGroup == "" {
-			from, fromArgs, keep = f.scan.from(p, p.Alias, retry)
+			from, fromArgs, keep, full = f.scan.from(p, p.Alias, retry)
 		}
-		rs, err := p.Caps.Leaser.ClaimLeases(ctx, q, &core.LeaseClaimParams{Plan: p, Where: where + from, Args: append(args, fromArgs...), Limit: max, Deadline: p.Time(deadline), Cursor: from != ""})
+		rs, err := p.Caps.Leaser.ClaimLeases(ctx, q, &core.LeaseClaimParams{Plan: p, Where: where + from, Args: append(args, fromArgs...), Limit: max, Deadline: p.Time(deadline), Cursor: !full})
 		if err == nil {
 			rows, err = readRowsInto(rs, (*buf)[:0])
 		}
 		if err != nil {
 			return nil, fmt.Errorf("sqlxbroker: lease claim on %s: %w", p.Table, err)
 		}
-		if from == "" || len(rows) == max {
+		if full || len(rows) == max {
 			break
 		}
 		// Fewer rows ahead of the cursor than asked: the next claim

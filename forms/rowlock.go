@@ -313,10 +313,11 @@ func (f *rowLock) claimIn(ctx context.Context, t *claimTx) (core.Claim, error) {
 		for retry := false; ; retry = true {
 			var from string
 			var fromArgs []any
-			from, fromArgs, keep = f.scan.from(p, p.Alias, retry)
+			var full bool
+			from, fromArgs, keep, full = f.scan.from(p, p.Alias, retry)
 			rows, err = f.query(ctx, t, p.Rebind("SELECT * FROM "+p.QTable+" "+p.Alias+" WHERE "+where+from+
 				" ORDER BY "+p.OrderBy(p.Alias)+" LIMIT 1 "+f.skip), append(args, fromArgs...))
-			if err != nil || len(rows) > 0 || from == "" {
+			if err != nil || len(rows) > 0 || full {
 				break
 			}
 		}
