@@ -323,6 +323,18 @@ type prioTable struct {
 // SQLXBROKER_REQUIRE_DB=1).
 func prioTables(t *testing.T, name string) []prioTable {
 	t.Helper()
+	return formTables(t, []sqlxbroker.Table{
+		{Name: name + "_lease", LockedUntil: "locked_until", Lease: time.Minute, Order: "prio DESC, id"},
+		{Name: name + "_rowlock", Order: "prio DESC, id"},
+		{Name: name + "_adv", AdvisoryLock: "acct-{account}", Order: "prio DESC, id"},
+	}, [2]string{"account", "text"}, [2]string{"prio", "bigint"})
+}
+
+// formTables creates each of tables whose form the database offers, with
+// the payload columns cols, on SQLite and on the servers the environment
+// names.
+func formTables(t *testing.T, tables []sqlxbroker.Table, cols ...[2]string) []prioTable {
+	t.Helper()
 	dbs := map[string]*sqlx.DB{}
 	db, err := sqlite.Open(filepath.Join(t.TempDir(), "jobs.db"))
 	if err != nil {
@@ -353,17 +365,13 @@ func prioTables(t *testing.T, name string) []prioTable {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, tb := range []sqlxbroker.Table{
-			{Name: name + "_lease", LockedUntil: "locked_until", Lease: time.Minute, Order: "prio DESC, id"},
-			{Name: name + "_rowlock", Order: "prio DESC, id"},
-			{Name: name + "_adv", AdvisoryLock: "acct-{account}", Order: "prio DESC, id"},
-		} {
+		for _, tb := range tables {
 			if !core.CapabilitiesOf(b.Dialect()).Offers(tb.Form()) {
 				continue
 			}
 			q := b.Dialect().QuoteIdent(tb.Name)
 			_, _ = db.Exec("DROP TABLE IF EXISTS " + q)
-			if err := b.CreateTable(context.Background(), tb, [2]string{"account", "text"}, [2]string{"prio", "bigint"}); err != nil {
+			if err := b.CreateTable(context.Background(), tb, cols...); err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _, _ = db.Exec("DROP TABLE IF EXISTS " + q) })
@@ -373,58 +381,66 @@ func prioTables(t *testing.T, name string) []prioTable {
 	return out
 }
 
-// TestLeaseFloor: in a table that keeps its finished rows, full scans
-// start from the first unfinished row as last read (the floor), not the
-// first row: a dead row requeued behind the floor waits for the floor to be
-// read again, and is then claimed. It is never left behind.
-func TestLeaseFloor(t *testing.T) {
+// TestFloor: in a table that keeps its finished rows, full scans start
+// from the first unfinished row as last read (the floor), not the first
+// row: a dead row requeued behind the floor waits for the floor to be read
+// again, and is then claimed. It is never left behind.
+func TestFloor(t *testing.T) {
 	t.Cleanup(func() {
 		forms.SetFullScanEvery(100 * time.Millisecond)
 		forms.SetFloorEvery(time.Second)
 	})
-	forms.SetFullScanEvery(0) // every claim is a full scan
-	forms.SetFloorEvery(0)    // and reads the floor first
 	ctx := context.Background()
-	db, b, tb := sqliteTable(t, sqlxbroker.Table{Name: "jobs", LockedUntil: "locked_until", Lease: time.Minute, DoneAt: "done_at", DeadAt: "dead_at"})
-	for range 4 {
-		if err := b.Publish(ctx, db, tb, map[string]any{"account": "a"}); err != nil {
-			t.Fatal(err)
-		}
+	for _, c := range formTables(t, []sqlxbroker.Table{
+		{Name: "fx_floor_lease", LockedUntil: "locked_until", Lease: time.Minute, DoneAt: "done_at", DeadAt: "dead_at"},
+		{Name: "fx_floor_rowlock", DoneAt: "done_at", DeadAt: "dead_at"},
+		{Name: "fx_floor_adv", AdvisoryLock: "acct-{account}", DoneAt: "done_at", DeadAt: "dead_at"},
+	}, [2]string{"account", "text"}) {
+		t.Run(c.name, func(t *testing.T) {
+			forms.SetFullScanEvery(0) // every claim is a full scan
+			forms.SetFloorEvery(0)    // and reads the floor first
+			db, b, tb := c.db, c.b, c.tb
+			for i := range 4 {
+				if err := b.Publish(ctx, db, tb, map[string]any{"account": fmt.Sprint("a", i)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f := conformance.StartForm(t, b, tb)
+			claim := func(want string) core.Claim {
+				t.Helper()
+				cs, err := f.Claim(ctx, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var got string
+				if len(cs) == 1 {
+					got = fmt.Sprint(sqlxbroker.NewDelivery(cs[0]).ID())
+				}
+				if len(cs) > 1 || got != want {
+					t.Fatalf("claimed %d rows (%q), want row %q", len(cs), got, want)
+				}
+				if len(cs) == 0 {
+					return nil
+				}
+				return cs[0]
+			}
+			finish := func(c core.Claim, k sqlxbroker.OutcomeKind) {
+				t.Helper()
+				if err := conformance.Complete(ctx, c, sqlxbroker.Outcome{Kind: k, Err: fmt.Errorf("outcome %v", k)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			finish(claim("1"), sqlxbroker.Dead)
+			finish(claim("2"), sqlxbroker.Succeeded) // the floor read before it: row 2
+			forms.SetFloorEvery(time.Hour)
+			claim("3")
+			if n, err := b.Requeue(ctx, tb, sqlxbroker.Select{IDs: []any{int64(1)}}); err != nil || n != 1 {
+				t.Fatalf("requeue row 1: %d, %v", n, err)
+			}
+			claim("4") // from the floor: row 1 is behind it
+			claim("")  // nothing from the floor
+			forms.SetFloorEvery(0)
+			claim("1") // the floor read again: row 1 is the first unfinished row
+		})
 	}
-	f := conformance.StartForm(t, b, tb)
-	claim := func(want string) core.Claim {
-		t.Helper()
-		cs, err := f.Claim(ctx, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got string
-		if len(cs) == 1 {
-			got = fmt.Sprint(sqlxbroker.NewDelivery(cs[0]).ID())
-		}
-		if len(cs) > 1 || got != want {
-			t.Fatalf("claimed %d rows (%q), want row %q", len(cs), got, want)
-		}
-		if len(cs) == 0 {
-			return nil
-		}
-		return cs[0]
-	}
-	finish := func(c core.Claim, k sqlxbroker.OutcomeKind) {
-		t.Helper()
-		if err := conformance.Complete(ctx, c, sqlxbroker.Outcome{Kind: k, Err: fmt.Errorf("outcome %v", k)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	finish(claim("1"), sqlxbroker.Dead)
-	finish(claim("2"), sqlxbroker.Succeeded) // the floor read before it: row 2
-	forms.SetFloorEvery(time.Hour)
-	claim("3")
-	if n, err := b.Requeue(ctx, tb, sqlxbroker.Select{IDs: []any{int64(1)}}); err != nil || n != 1 {
-		t.Fatalf("requeue row 1: %d, %v", n, err)
-	}
-	claim("4") // from the floor: row 1 is behind it
-	claim("")  // nothing from the floor
-	forms.SetFloorEvery(0)
-	claim("1") // the floor read again: row 1 is the first unfinished row
 }

@@ -308,7 +308,12 @@ func (f *rowLock) claimIn(ctx context.Context, t *claimTx) (core.Claim, error) {
 	if p.QGroup != "" {
 		rows, err = f.claimHead(ctx, t.tx, where, args)
 	} else {
-		// From the cursor first; when that finds nothing, from the start.
+		// From the cursor first; when that finds nothing, from the start
+		// (or the floor, read in the claim's transaction: the pool may
+		// have no connection to spare while claims hold theirs).
+		if f.scan.floorDue(p) {
+			f.scan.readFloor(ctx, t.tx, p)
+		}
 		keep := false
 		for retry := false; ; retry = true {
 			var from string
