@@ -78,18 +78,19 @@ var fullScanEvery = 100 * time.Millisecond
 // cursor (a retry at once, a released claim, an expired lease, a row
 // committed late with a lower order value) is found by the next full scan:
 // one every fullScanEvery, and whenever a scan from the cursor finds
-// nothing. At a low claim rate every claim is a full scan.
+// nothing. At a low claim rate every claim is a full scan. In a table that
+// keeps its finished rows, full scans start from a floor (readFloor).
 type cursor struct {
 	mu     sync.Mutex
 	at     []any     // the order values of the last row claimed; nil: none
 	full   time.Time // when the last full scan started
 	rescan bool      // the next claim scans from the first row (rescanNext)
 
-	floor   []any     // where full scans start (see floor); nil: the first row
+	floor   []any     // where full scans start (see readFloor); nil: the first row
 	floorAt time.Time // when floor was read; zero: never
 }
 
-// floorEvery is how long a floor (see cursor.floor) serves full scans
+// floorEvery is how long a floor (see readFloor) serves full scans
 // before it is read again.
 var floorEvery = time.Second
 
@@ -104,7 +105,7 @@ var floorEvery = time.Second
 // cursor has passed.
 //
 // full reports a full scan: from the first row, or from the floor (see
-// floor), with cond then its condition. A full scan may not pass over a
+// readFloor), with cond then its condition. A full scan may not pass over a
 // claimable row it can lock (core.LeaseClaimParams.Cursor is false).
 func (c *cursor) from(p *core.Plan, alias string, retry bool) (cond string, args []any, keep, full bool) {
 	c.mu.Lock()
