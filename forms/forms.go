@@ -159,12 +159,14 @@ func (c *cursor) floorDue(p *core.Plan) bool {
 
 // readFloor reads where full scans start for the next floorEvery: the
 // first unfinished row, or when there is none the last row. Rows before
-// it are done or dead and stay so, but for a dead row requeued and a row
-// committed late with a lower ID: the full scan from the first row after
-// floorEvery finds those. Without it a table that keeps its finished rows
-// has every full scan step over all of them first (every claim, when the
-// cursor runs dry at a low rate). On error, full scans start from the
-// first row.
+// it are done or dead and stay so, but for a dead row requeued, a row
+// committed late with a lower ID, and a new row in a table whose IDs do
+// not grow (random keys): the next read of the floor, which looks from
+// the first row, finds those, so they wait at most floorEvery more.
+// Without it a table that keeps its finished rows has every full scan step
+// over all of them first (every claim, when the cursor runs dry at a low
+// rate). Once a second, not every full scan: the read itself steps over
+// them. On error, full scans start from the first row.
 func (c *cursor) readFloor(ctx context.Context, q sqlx.QueryerContext, p *core.Plan) {
 	var id any
 	first := "SELECT " + p.Alias + "." + p.QID + " FROM " + p.QTable + " " + p.Alias + " WHERE " + p.Unfinished(p.Alias) +
