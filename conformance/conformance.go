@@ -342,20 +342,20 @@ func (tg *Target) watched(t TB, run func(TB)) {
 		}
 	}
 	timer := time.AfterFunc(limit, func() {
-		buf := make([]byte, 1<<20)
-		for {
-			n := runtime.Stack(buf, true)
-			if n < len(buf) {
-				buf = buf[:n]
-				break
-			}
-			buf = make([]byte, 2*len(buf))
-		}
-		fmt.Fprintf(os.Stderr, "conformance: %s has run for %v; every goroutine's stack:\n\n%s\n", t.Name(), limit, buf)
+		fmt.Fprintf(os.Stderr, "conformance: %s has run for %v; every goroutine's stack:\n\n%s\n", t.Name(), limit, allStacks())
 		panic(fmt.Sprintf("conformance: %s did not end within %v (%s); the goroutines above show where it waits", t.Name(), limit, by))
 	})
 	defer timer.Stop()
 	run(t)
+}
+
+// allStacks returns every goroutine's stack, whole.
+func allStacks() []byte {
+	for buf := make([]byte, 1<<16); ; buf = make([]byte, 2*len(buf)) {
+		if n := runtime.Stack(buf, true); n < len(buf) {
+			return buf[:n]
+		}
+	}
 }
 
 // suitePayload are the payload columns of the suite's tables.

@@ -59,9 +59,7 @@ func PoolLifecycle(t TB, tg *Target, f sqlxbroker.Form) {
 			break
 		}
 		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<16)
-			buf = buf[:runtime.Stack(buf, true)]
-			t.Fatalf("after %d brokers closed: goroutines %d (were %d), connections in use %d (were %d); something a broker started outlives it:\n%s", n, g1, g0, conns1, conns0, buf)
+			t.Fatalf("after %d brokers closed: goroutines %d (were %d), connections in use %d (were %d); something a broker started outlives it:\n%s", n, g1, g0, conns1, conns0, allStacks())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

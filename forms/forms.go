@@ -168,17 +168,16 @@ func (c *cursor) floorDue(p *core.Plan) bool {
 // rate). Once a second, not every full scan: the read itself steps over
 // them. On error, full scans start from the first row.
 func (c *cursor) readFloor(ctx context.Context, q sqlx.QueryerContext, p *core.Plan) {
-	var id any
-	first := "SELECT " + p.Alias + "." + p.QID + " FROM " + p.QTable + " " + p.Alias + " WHERE " + p.Unfinished(p.Alias) +
-		" ORDER BY " + p.OrderBy(p.Alias) + " LIMIT 1"
-	err := sqlx.GetContext(ctx, q, &id, first)
-	if errors.Is(err, sql.ErrNoRows) {
-		err = sqlx.GetContext(ctx, q, &id, "SELECT "+p.Alias+"."+p.QID+" FROM "+p.QTable+" "+p.Alias+" ORDER BY "+p.Alias+"."+p.QID+" DESC LIMIT 1")
-	}
-	if err != nil {
+	// One round trip: the first unfinished row, else the last row (NULL
+	// for an empty table: no floor).
+	id := p.Alias + "." + p.QID
+	var at any
+	if err := sqlx.GetContext(ctx, q, &at, "SELECT COALESCE("+
+		"(SELECT "+id+" FROM "+p.QTable+" "+p.Alias+" WHERE "+p.Unfinished(p.Alias)+" ORDER BY "+p.OrderBy(p.Alias)+" LIMIT 1), "+
+		"(SELECT "+id+" FROM "+p.QTable+" "+p.Alias+" ORDER BY "+id+" DESC LIMIT 1))"); err != nil {
 		return
 	}
-	v := orderPosition([]any{id})
+	v := orderPosition([]any{at})
 	c.mu.Lock()
 	c.floor = v
 	c.mu.Unlock()
