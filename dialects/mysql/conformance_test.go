@@ -15,15 +15,20 @@ import (
 
 // TestConformance runs the shared suite on MySQL or MariaDB:
 // SQLXBROKER_MYSQL_DSN, else a MariaDB container where Docker runs, else a
-// skip that names the variable.
+// skip that names the variable. A lock wait of over lockWaitReport is
+// reported with the server's view of it (watchLockWaits).
 func TestConformance(t *testing.T) {
-	conformance.Run(t, target(t, provision.MariaDB.Get(t)))
+	dsn := provision.MariaDB.Get(t)
+	watchLockWaits(t, dsn, lockWaitReport)
+	conformance.Run(t, target(t, dsn))
 }
 
 // TestConformanceMySQL8 runs the suite on MySQL 8 where one is given
 // (SQLXBROKER_MYSQL8_DSN) or Docker can start one.
 func TestConformanceMySQL8(t *testing.T) {
-	conformance.Run(t, target(t, provision.MySQL.GetOptional(t)))
+	dsn := provision.MySQL.GetOptional(t)
+	watchLockWaits(t, dsn, lockWaitReport)
+	conformance.Run(t, target(t, dsn))
 }
 
 // target is the suite's Target for the server at dsn, with the hook that
