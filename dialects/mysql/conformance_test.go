@@ -8,6 +8,7 @@ import (
 	driver "github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 
+	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/conformance"
 	"github.com/sqlxbroker/sqlxbroker/conformance/provision"
 	"github.com/sqlxbroker/sqlxbroker/dialects/mysql"
@@ -31,14 +32,35 @@ func TestConformanceMySQL8(t *testing.T) {
 	conformance.Run(t, target(t, dsn))
 }
 
+// TestConformanceMariaDBReturning runs the lease form's scenarios with
+// Dialect{MariaDB: true}, whose completion batches are one DELETE ..
+// RETURNING each (or UPDATE, for DoneAt tables, which MariaDB cannot
+// return from: those batches go as in the registered dialect), on the
+// MariaDB server of TestConformance.
+func TestConformanceMariaDBReturning(t *testing.T) {
+	dsn := provision.MariaDB.Get(t)
+	if !isMariaDB(t, openDB(t, dsn)) {
+		t.Skip("the server is not MariaDB: Dialect{MariaDB: true} refuses it (mysql_test.go checks that)")
+	}
+	watchLockWaits(t, dsn, lockWaitReport)
+	tg := targetOf(t, mysql.Dialect{MariaDB: true}, dsn)
+	tg.Forms = []sqlxbroker.Form{sqlxbroker.Lease}
+	conformance.Run(t, tg)
+}
+
 // target is the suite's Target for the server at dsn, with the hook that
 // ends a pool's sessions (KILL CONNECTION).
 func target(t *testing.T, dsn string) conformance.Target {
+	return targetOf(t, mysql.Dialect{}, dsn)
+}
+
+// targetOf is target with dialect d.
+func targetOf(t *testing.T, d mysql.Dialect, dsn string) conformance.Target {
 	cfg, err := driver.ParseDSN(dsn)
 	if err != nil {
 		t.Fatalf("DSN: %v", err)
 	}
-	tg := conformance.DSNTarget(mysql.Dialect{}, "mysql", dsn)
+	tg := conformance.DSNTarget(d, "mysql", dsn)
 	tg.Sessions = conformance.Sessions("mysql", func() (sqldriver.Connector, error) { return driver.NewConnector(cfg) },
 		"SELECT CONNECTION_ID()", "KILL CONNECTION %d")
 	tg.Dial = func(t conformance.TB, dial conformance.DialFunc) *sqlx.DB {
