@@ -200,14 +200,9 @@ func leaseFloorComplete(ctx context.Context, conn *sqlx.Conn, p *core.Plan, feat
 	}
 	cond, args := p.Caps.Leaser.FenceLeases(p, ids, tokens)
 	q := p.Rebind("DELETE FROM " + p.QTable + " WHERE " + cond)
-	tx, err := conn.BeginTxx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback() //nolint:errcheck // no-op after Commit
-	var n int64
 	if feats.DeleteReturning {
-		rows, err := tx.QueryxContext(ctx, q+" RETURNING "+p.QID, args...)
+		// One statement that commits itself, as the form writes it.
+		rows, err := conn.QueryxContext(ctx, q+" RETURNING "+p.QID, args...)
 		if err != nil {
 			return err
 		}
@@ -215,20 +210,33 @@ func leaseFloorComplete(ctx context.Context, conn *sqlx.Conn, p *core.Plan, feat
 		if err != nil {
 			return err
 		}
-		n = int64(len(got))
-	} else {
-		res, err := tx.ExecContext(ctx, q, args...)
-		if err != nil {
-			return err
-		}
-		if n, err = res.RowsAffected(); err != nil {
-			return err
-		}
+		return matched(int64(len(got)), len(ids))
 	}
-	if n != int64(len(ids)) {
-		return fmt.Errorf("the fenced completion matched %d of %d rows", n, len(ids))
+	tx, err := conn.BeginTxx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after Commit
+	res, err := tx.ExecContext(ctx, q, args...)
+	if err != nil {
+		return err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return err
+	}
+	if err := matched(n, len(ids)); err != nil {
+		return err
 	}
 	return tx.Commit()
+}
+
+// matched says whether a fenced completion matched all of its want rows.
+func matched(n int64, want int) error {
+	if n != int64(want) {
+		return fmt.Errorf("the fenced completion matched %d of %d rows", n, want)
+	}
+	return nil
 }
 
 // idsOf reads the id column of rows and closes them.
