@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -17,7 +16,6 @@ import (
 
 	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/core"
-	"github.com/sqlxbroker/sqlxbroker/dialects/mysql"
 	"github.com/sqlxbroker/sqlxbroker/dialects/postgres"
 	"github.com/sqlxbroker/sqlxbroker/dialects/sqlite"
 	"github.com/sqlxbroker/sqlxbroker/internal/bench"
@@ -313,21 +311,11 @@ func benchCmd(args []string) error {
 }
 
 // benchDialect is the dialect registered for driver; PostgreSQL's listens
-// for wake-ups on a connection of its own, as postgres.Open gives, and a
-// MariaDB server gets Dialect{MariaDB: true}, as the dialect's
-// documentation asks (lease completions with DELETE .. RETURNING).
+// for wake-ups on a connection of its own, as postgres.Open gives.
 func benchDialect(driver, dsn string) (core.Dialect, error) {
 	d, err := sqlxbroker.Lookup(driver)
 	if err != nil {
 		return nil, err
-	}
-	if md, ok := d.(mysql.Dialect); ok && !md.MariaDB {
-		maria, err := serverIsMariaDB(driver, dsn)
-		if err != nil {
-			return nil, err
-		}
-		md.MariaDB = maria
-		d = md
 	}
 	if pd, ok := d.(postgres.Dialect); ok && !pd.TransactionPooling {
 		// Wake-ups on a listener of their own, as postgres.Open gives
@@ -336,22 +324,6 @@ func benchDialect(driver, dsn string) (core.Dialect, error) {
 		d = pd
 	}
 	return d, nil
-}
-
-// serverIsMariaDB reports whether the MySQL server at dsn is MariaDB.
-func serverIsMariaDB(driver, dsn string) (bool, error) {
-	db, err := sql.Open(driver, dsn)
-	if err != nil {
-		return false, err
-	}
-	defer db.Close()
-	var v string
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&v); err != nil {
-		return false, fmt.Errorf("bench: read the server version: %w", err)
-	}
-	return strings.Contains(strings.ToLower(v), "mariadb"), nil
 }
 
 // benchForms reads --form: "all" is every form d offers.

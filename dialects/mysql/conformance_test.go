@@ -33,9 +33,9 @@ func TestConformanceMySQL8(t *testing.T) {
 }
 
 // TestConformanceMariaDBReturning runs the lease form's scenarios with
-// Dialect{MariaDB: true}, whose completion batches are one DELETE ..
-// RETURNING each (or UPDATE, for DoneAt tables, which MariaDB cannot
-// return from: those batches go as in the registered dialect), on the
+// Dialect{MariaDB: true}, whose completion batches name the rows they
+// deleted with DELETE .. RETURNING (DoneAt tables' batches, an UPDATE
+// MariaDB cannot return from, go as in the registered dialect), on the
 // MariaDB server of TestConformance.
 func TestConformanceMariaDBReturning(t *testing.T) {
 	dsn := provision.MariaDB.Get(t)

@@ -200,7 +200,7 @@ func leaseFloorComplete(ctx context.Context, conn *sqlx.Conn, p *core.Plan, feat
 	}
 	cond, args := p.Caps.Leaser.FenceLeases(p, ids, tokens)
 	q := p.Rebind("DELETE FROM " + p.QTable + " WHERE " + cond)
-	if feats.DeleteReturning {
+	if feats.DeleteReturning && p.Caps.ConflictDetector == nil {
 		// One statement that commits itself, as the form writes it.
 		rows, err := conn.QueryxContext(ctx, q+" RETURNING "+p.QID, args...)
 		if err != nil {
@@ -217,13 +217,25 @@ func leaseFloorComplete(ctx context.Context, conn *sqlx.Conn, p *core.Plan, feat
 		return err
 	}
 	defer tx.Rollback() //nolint:errcheck // no-op after Commit
-	res, err := tx.ExecContext(ctx, q, args...)
-	if err != nil {
-		return err
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return err
+	var n int64
+	if feats.DeleteReturning {
+		rows, err := tx.QueryxContext(ctx, q+" RETURNING "+p.QID, args...)
+		if err != nil {
+			return err
+		}
+		got, err := idsOf(rows, p.ID)
+		if err != nil {
+			return err
+		}
+		n = int64(len(got))
+	} else {
+		res, err := tx.ExecContext(ctx, q, args...)
+		if err != nil {
+			return err
+		}
+		if n, err = res.RowsAffected(); err != nil {
+			return err
+		}
 	}
 	if err := matched(n, len(ids)); err != nil {
 		return err
