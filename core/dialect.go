@@ -268,7 +268,10 @@ type StateMarker interface {
 // With it, the lease form reports a claim that conflicted as ErrConflict
 // (nothing delivered; the engine claims again at once and counts it in
 // Stats.Conflicts) and runs a completion that conflicted again, its fence
-// keeping it from taking effect twice. Without it every error is final: a
+// keeping it from taking effect twice; its completion batches with
+// RETURNING run in a transaction, whose loss is reported at COMMIT (a
+// cluster node may run a statement that ran alone again by itself, after
+// returning the rows of its first run). Without it every error is final: a
 // claim that fails is tried again after the idle wait, a completion's
 // error is reported and its row comes back when its lease runs out.
 type ConflictDetector interface {
