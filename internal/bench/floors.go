@@ -200,26 +200,24 @@ func leaseFloorComplete(ctx context.Context, conn *sqlx.Conn, p *core.Plan, feat
 	}
 	cond, args := p.Caps.Leaser.FenceLeases(p, ids, tokens)
 	q := p.Rebind("DELETE FROM " + p.QTable + " WHERE " + cond)
-	if feats.DeleteReturning && p.Caps.ConflictDetector == nil {
-		// One statement that commits itself, as the form writes it.
-		rows, err := conn.QueryxContext(ctx, q+" RETURNING "+p.QID, args...)
-		if err != nil {
+	// As the form writes it: with RETURNING where the dialect reports no
+	// conflicts, one statement that commits itself; else in a transaction.
+	var on interface {
+		QueryxContext(ctx context.Context, query string, args ...any) (*sqlx.Rows, error)
+		ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	} = conn
+	var tx *sqlx.Tx
+	if !feats.DeleteReturning || p.Caps.ConflictDetector != nil {
+		var err error
+		if tx, err = conn.BeginTxx(ctx, nil); err != nil {
 			return err
 		}
-		got, err := idsOf(rows, p.ID)
-		if err != nil {
-			return err
-		}
-		return matched(int64(len(got)), len(ids))
+		defer tx.Rollback() //nolint:errcheck // no-op after Commit
+		on = tx
 	}
-	tx, err := conn.BeginTxx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback() //nolint:errcheck // no-op after Commit
 	var n int64
 	if feats.DeleteReturning {
-		rows, err := tx.QueryxContext(ctx, q+" RETURNING "+p.QID, args...)
+		rows, err := on.QueryxContext(ctx, q+" RETURNING "+p.QID, args...)
 		if err != nil {
 			return err
 		}
@@ -229,7 +227,7 @@ func leaseFloorComplete(ctx context.Context, conn *sqlx.Conn, p *core.Plan, feat
 		}
 		n = int64(len(got))
 	} else {
-		res, err := tx.ExecContext(ctx, q, args...)
+		res, err := on.ExecContext(ctx, q, args...)
 		if err != nil {
 			return err
 		}
@@ -237,16 +235,11 @@ func leaseFloorComplete(ctx context.Context, conn *sqlx.Conn, p *core.Plan, feat
 			return err
 		}
 	}
-	if err := matched(n, len(ids)); err != nil {
-		return err
+	if n != int64(len(ids)) {
+		return fmt.Errorf("the fenced completion matched %d of %d rows", n, len(ids))
 	}
-	return tx.Commit()
-}
-
-// matched says whether a fenced completion matched all of its want rows.
-func matched(n int64, want int) error {
-	if n != int64(want) {
-		return fmt.Errorf("the fenced completion matched %d of %d rows", n, want)
+	if tx != nil {
+		return tx.Commit()
 	}
 	return nil
 }
