@@ -337,8 +337,10 @@ func (tg *Target) watched(t TB, run func(TB)) {
 	if dt, ok := t.(interface{ Deadline() (time.Time, bool) }); ok {
 		// Ahead of go test's own -timeout panic, whose list of running
 		// tests comes first in a long dump.
-		if end, set := dt.Deadline(); set && time.Until(end)-20*time.Second < limit {
-			limit, by = max(time.Until(end)-20*time.Second, time.Second).Round(time.Second), "go test's -timeout, less 20s"
+		if end, set := dt.Deadline(); set {
+			if left := time.Until(end) - 20*time.Second; left < limit {
+				limit, by = max(left, time.Second).Round(time.Second), "go test's -timeout, less 20s"
+			}
 		}
 	}
 	timer := time.AfterFunc(limit, func() {

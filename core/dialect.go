@@ -346,6 +346,12 @@ func CapabilitiesOf(d Dialect) Capabilities {
 	return c
 }
 
+// ReturningAlone reports whether a fenced batch with RETURNING (a lease
+// completion or renewal) may run as one statement that commits itself:
+// where the dialect reports no conflicts. With a ConflictDetector it runs
+// in a transaction (see ConflictDetector).
+func (c Capabilities) ReturningAlone() bool { return c.ConflictDetector == nil }
+
 func (c Capabilities) Offers(f Form) bool {
 	switch f {
 	case RowLock:

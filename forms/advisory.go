@@ -91,9 +91,7 @@ const pages = 8
 func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	p := f.plan
 	f.awaitBatch(ctx)
-	if f.scan.floorDue(p) {
-		f.scan.readFloor(ctx, f.db, p)
-	}
+	f.scan.refreshFloor(ctx, f.db, p)
 	where, args := p.Ready(p.Alias, core.Now())
 	cols := f.candidateCols()
 	// The rows of this form's own deliveries are still claimable (their

@@ -141,20 +141,23 @@ func floors(p *core.Plan) bool {
 	return p.OrderIsID() && p.QGroup == "" && (p.QDoneAt != "" || p.QDeadAt != "")
 }
 
-// floorDue reports whether the floor must be read again, and if so counts
-// it as read now, so that concurrent claims read it once.
-func (c *cursor) floorDue(p *core.Plan) bool {
+// refreshFloor reads the floor on q (readFloor) when p's table has one and
+// the last read is floorEvery old; concurrent claims read it once (the
+// first counts it as read before it reads).
+func (c *cursor) refreshFloor(ctx context.Context, q sqlx.QueryerContext, p *core.Plan) {
 	if !floors(p) {
-		return false
+		return
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	now := time.Now()
-	if now.Sub(c.floorAt) < floorEvery {
-		return false
+	due := now.Sub(c.floorAt) >= floorEvery
+	if due {
+		c.floorAt, c.floor = now, nil
 	}
-	c.floorAt, c.floor = now, nil
-	return true
+	c.mu.Unlock()
+	if due {
+		c.readFloor(ctx, q, p)
+	}
 }
 
 // readFloor reads where full scans start for the next floorEvery: the

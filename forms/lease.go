@@ -91,11 +91,9 @@ func (f *lease) Close() error {
 func (f *lease) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	p := f.plan
 	fifo := p.QGroup != ""
-	if f.scan.floorDue(p) {
-		// Before the claim's transaction: a pool of one connection (an
-		// SQLite file's writer) has none to spare while it is open.
-		f.scan.readFloor(ctx, f.db, p)
-	}
+	// The floor before the claim's transaction: a pool of one connection
+	// (an SQLite file's writer) has none to spare while it is open.
+	f.scan.refreshFloor(ctx, f.db, p)
 	if !fifo && p.Dialect.Features().LeaseClaimStatement {
 		// One statement that waits for nothing commits by itself. It is
 		// not cut short when ctx ends (a stopping subscription): rows it
@@ -454,7 +452,8 @@ func (f *lease) fence(claims []*leaseClaim, tokens []time.Time) (string, []any) 
 // fencedBatch runs "<head> WHERE <fence of claims>" and reports, per
 // claim, whether its row matched. With RETURNING (returning true, the head
 // ends before " RETURNING id") the statement names the rows it changed.
-// Where the dialect reports no conflicts it runs alone, committing itself:
+// Where the dialect reports no conflicts (core.Capabilities.ReturningAlone)
+// it runs alone, committing itself:
 // one round trip where a transaction around it took three (four
 // processes of 250 handlers drained a PostgreSQL lease table 12% faster).
 // Its outcome is as certain as a COMMIT's: an error before the reply (a
@@ -479,7 +478,7 @@ func (f *lease) fencedBatch(ctx context.Context, head string, headArgs []any, re
 		args = append(append([]any{}, headArgs...), args...)
 		var on sqlx.QueryerContext = f.db
 		var tx *sqlx.Tx
-		if p.Caps.ConflictDetector != nil {
+		if !p.Caps.ReturningAlone() {
 			var err error
 			if tx, err = f.db.BeginTxx(ctx, nil); err != nil {
 				return nil, err

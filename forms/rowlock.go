@@ -311,9 +311,7 @@ func (f *rowLock) claimIn(ctx context.Context, t *claimTx) (core.Claim, error) {
 		// From the cursor first; when that finds nothing, from the start
 		// (or the floor, read in the claim's transaction: the pool may
 		// have no connection to spare while claims hold theirs).
-		if f.scan.floorDue(p) {
-			f.scan.readFloor(ctx, t.tx, p)
-		}
+		f.scan.refreshFloor(ctx, t.tx, p)
 		keep := false
 		for retry := false; ; retry = true {
 			var from string

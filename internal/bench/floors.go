@@ -203,11 +203,11 @@ func leaseFloorComplete(ctx context.Context, conn *sqlx.Conn, p *core.Plan, feat
 	// As the form writes it: with RETURNING where the dialect reports no
 	// conflicts, one statement that commits itself; else in a transaction.
 	var on interface {
-		QueryxContext(ctx context.Context, query string, args ...any) (*sqlx.Rows, error)
-		ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+		sqlx.QueryerContext
+		sqlx.ExecerContext
 	} = conn
 	var tx *sqlx.Tx
-	if !feats.DeleteReturning || p.Caps.ConflictDetector != nil {
+	if !feats.DeleteReturning || !p.Caps.ReturningAlone() {
 		var err error
 		if tx, err = conn.BeginTxx(ctx, nil); err != nil {
 			return err
