@@ -192,6 +192,18 @@ func printProcs(rs []*bench.ProcsResult) {
 			fmt.Printf("%s %d x %d: InnoDB row lock waits %d (%d ms in all); per delivery %.2f rows read, %.2f index lookups, %.2f index entries read after them, %.1f buffer pool page reads, %.3f commits, %.3f SELECT, %.3f UPDATE, %.3f DELETE (the server's counters, all sessions)\n",
 				r.Form, r.Procs, r.Concurrency, co.RowLockWaits, co.RowLockTimeMs, co.RowsReadPerDelivery, co.ReadKeyPerDelivery, co.ReadNextPerDelivery,
 				co.PageReadsPerDelivery, co.CommitsPerDelivery, co.StatementsPerDelivery["select"], co.StatementsPerDelivery["update"], co.StatementsPerDelivery["delete"])
+			if co.ThreadSamples > 0 {
+				handling := ""
+				if co.ThreadHandling != "" {
+					handling = ", thread_handling " + co.ThreadHandling
+				}
+				apart := ""
+				if r.Apart {
+					apart = ", a table each"
+				}
+				fmt.Printf("%s %d x %d%s: server threads running a statement %.2f on average, %d at most (%d samples%s)\n",
+					r.Form, r.Procs, r.Concurrency, apart, co.ThreadsRunning, co.ThreadsRunningMax, co.ThreadSamples, handling)
+			}
 		}
 	}
 }

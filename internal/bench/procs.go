@@ -64,7 +64,7 @@ type ProcResult struct {
 // statements, active ones only), and the table's pg_stat_user_tables
 // counters over the drain. MariaDB: the server's global InnoDB counters
 // before and after (the whole server's, so they count other sessions'
-// work too).
+// work too), and its Threads_running sampled every SampleEvery.
 type Contention struct {
 	Samples int `json:"samples,omitempty"`
 	// Per sample, on average: statements running, and of them waiting on
@@ -108,6 +108,19 @@ type Contention struct {
 	ReadNextPerDelivery   float64 `json:"read_next_per_delivery,omitempty"`
 	PageReadsPerDelivery  float64 `json:"page_reads_per_delivery,omitempty"`
 	ServerCountersChecked bool    `json:"server_counters,omitempty"` // the MariaDB/MySQL counters were read
+	// MariaDB and MySQL: the server's threads running a statement
+	// (Threads_running, the sampling statement left out), sampled every
+	// SampleEvery: their mean and most over ThreadSamples samples, and the
+	// server's thread_handling ("one-thread-per-connection" runs every
+	// session's statement on a thread of its own; "pool-of-threads" runs
+	// at most about one per CPU at once; "" where the server has no such
+	// setting). More threads running than the server has CPUs means
+	// statements wait for each other's latches and for a CPU inside the
+	// server.
+	ThreadSamples     int     `json:"thread_samples,omitempty"`
+	ThreadsRunning    float64 `json:"threads_running_per_sample,omitempty"`
+	ThreadsRunningMax int64   `json:"threads_running_max,omitempty"`
+	ThreadHandling    string  `json:"thread_handling,omitempty"`
 }
 
 // ProcsResult is a multi-process drain: the aggregate is from the first
@@ -131,7 +144,8 @@ type ProcsResult struct {
 	PerProcess  []ProcResult `json:"per_process"`
 }
 
-// SampleEvery is how often RunProcs samples PostgreSQL's pg_stat_activity.
+// SampleEvery is how often RunProcs samples PostgreSQL's pg_stat_activity
+// and MariaDB's Threads_running.
 const SampleEvery = 50 * time.Millisecond
 
 // RunProcs fills c.Table once with c.Rows rows and drains it with procs
@@ -605,6 +619,10 @@ type contention struct {
 
 	samples, active, lock, lw, io int64
 	events                        map[string]int64
+
+	// MariaDB and MySQL: Threads_running samples, their sum and most.
+	threadSamples, threads, threadsMax int64
+	threadHandling                     string
 }
 
 func startContention(ctx context.Context, c Config, db *sqlx.DB, tables []string) (*contention, error) {
@@ -615,12 +633,42 @@ func startContention(ctx context.Context, c Config, db *sqlx.DB, tables []string
 	if k.before, err = k.counters(ctx); err != nil {
 		return nil, err
 	}
-	if !k.pg {
+	switch {
+	case k.pg:
+		go k.sample()
+	case len(k.before) > 0:
+		// MariaDB or MySQL. MySQL without the thread pool plugin has no
+		// thread_handling: it is left empty.
+		_ = db.QueryRowContext(ctx, "SELECT @@thread_handling").Scan(&k.threadHandling)
+		go k.sampleThreads()
+	default:
 		close(k.ended)
-		return k, nil
 	}
-	go k.sample()
 	return k, nil
+}
+
+// sampleThreads samples the MariaDB or MySQL server's Threads_running
+// every SampleEvery until stopped.
+func (k *contention) sampleThreads() {
+	defer close(k.ended)
+	t := time.NewTicker(SampleEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-k.stopc:
+			return
+		case <-t.C:
+		}
+		var name string
+		var n int64
+		if k.db.QueryRow("SHOW GLOBAL STATUS LIKE 'Threads_running'").Scan(&name, &n) != nil {
+			continue
+		}
+		n-- // the sampling statement itself
+		k.threadSamples++
+		k.threads += n
+		k.threadsMax = max(k.threadsMax, n)
+	}
 }
 
 // pgActivity counts the run's active statements by wait: those that name
@@ -752,6 +800,12 @@ func (k *contention) stop(ctx context.Context, r *ProcsResult) {
 	}
 	if len(after) > 0 {
 		co.ServerCountersChecked = true
+		co.ThreadHandling = k.threadHandling
+		if k.threadSamples > 0 {
+			co.ThreadSamples = int(k.threadSamples)
+			co.ThreadsRunning = float64(k.threads) / float64(k.threadSamples)
+			co.ThreadsRunningMax = k.threadsMax
+		}
 		co.RowLockWaits = delta("Innodb_row_lock_waits")
 		co.RowLockTimeMs = delta("Innodb_row_lock_time")
 		rowsRead := "Rows_read"
