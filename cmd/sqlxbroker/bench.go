@@ -56,7 +56,9 @@ start together, and the aggregate (first Subscribe to last completion in
 any process) is printed with each process's part and what the database
 showed of the claims' contention (PostgreSQL: pg_stat_activity sampled
 every 50 ms and the table's index reads per delivery; MariaDB: the
-server's InnoDB row lock waits, rows read and buffer pool page reads).
+server's InnoDB row lock waits, rows read and buffer pool page reads,
+and its threads running a statement, sampled every 50 ms, with its
+thread_handling).
 --procs-compare N runs one process with --concurrency handlers, then N
 processes with a share of them each, on the same fill size, and prints
 the ratio of their rates.
