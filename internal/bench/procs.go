@@ -635,21 +635,20 @@ func startContention(ctx context.Context, c Config, db *sqlx.DB, tables []string
 	}
 	switch {
 	case k.pg:
-		go k.sample()
+		go k.every(k.sampleActivity)
 	case len(k.before) > 0:
 		// MariaDB or MySQL. MySQL without the thread pool plugin has no
 		// thread_handling: it is left empty.
 		_ = db.QueryRowContext(ctx, "SELECT @@thread_handling").Scan(&k.threadHandling)
-		go k.sampleThreads()
+		go k.every(k.sampleThreads)
 	default:
 		close(k.ended)
 	}
 	return k, nil
 }
 
-// sampleThreads samples the MariaDB or MySQL server's Threads_running
-// every SampleEvery until stopped.
-func (k *contention) sampleThreads() {
+// every takes a sample every SampleEvery until the sampling is stopped.
+func (k *contention) every(sample func()) {
 	defer close(k.ended)
 	t := time.NewTicker(SampleEvery)
 	defer t.Stop()
@@ -658,17 +657,23 @@ func (k *contention) sampleThreads() {
 		case <-k.stopc:
 			return
 		case <-t.C:
+			sample()
 		}
-		var name string
-		var n int64
-		if k.db.QueryRow("SHOW GLOBAL STATUS LIKE 'Threads_running'").Scan(&name, &n) != nil {
-			continue
-		}
-		n-- // the sampling statement itself
-		k.threadSamples++
-		k.threads += n
-		k.threadsMax = max(k.threadsMax, n)
 	}
+}
+
+// sampleThreads counts one sample of the MariaDB or MySQL server's
+// Threads_running.
+func (k *contention) sampleThreads() {
+	var name string
+	var n int64
+	if k.db.QueryRow("SHOW GLOBAL STATUS LIKE 'Threads_running'").Scan(&name, &n) != nil {
+		return
+	}
+	n-- // the sampling statement itself
+	k.threadSamples++
+	k.threads += n
+	k.threadsMax = max(k.threadsMax, n)
 }
 
 // pgActivity counts the run's active statements by wait: those that name
@@ -680,41 +685,32 @@ WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'acti
   AND (query LIKE '%' || $1 || '%' OR query LIKE '%advisory%')
 GROUP BY 1, 2`
 
-func (k *contention) sample() {
-	defer close(k.ended)
-	t := time.NewTicker(SampleEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-k.stopc:
-			return
-		case <-t.C:
-		}
-		rows, err := k.db.Query(pgActivity, k.c.Table) // every table's name holds it
-		if err != nil {
+// sampleActivity counts one sample of pg_stat_activity (pgActivity).
+func (k *contention) sampleActivity() {
+	rows, err := k.db.Query(pgActivity, k.c.Table) // every table's name holds it
+	if err != nil {
+		return
+	}
+	defer rows.Close()
+	k.samples++
+	for rows.Next() {
+		var typ, ev string
+		var n int64
+		if rows.Scan(&typ, &ev, &n) != nil {
 			continue
 		}
-		k.samples++
-		for rows.Next() {
-			var typ, ev string
-			var n int64
-			if rows.Scan(&typ, &ev, &n) != nil {
-				continue
-			}
-			k.active += n
-			switch typ {
-			case "Lock":
-				k.lock += n
-			case "LWLock":
-				k.lw += n
-			case "IO":
-				k.io += n
-			}
-			if typ != "" {
-				k.events[typ+":"+ev] += n
-			}
+		k.active += n
+		switch typ {
+		case "Lock":
+			k.lock += n
+		case "LWLock":
+			k.lw += n
+		case "IO":
+			k.io += n
 		}
-		rows.Close()
+		if typ != "" {
+			k.events[typ+":"+ev] += n
+		}
 	}
 }
 
