@@ -184,25 +184,25 @@ func printProcs(rs []*bench.ProcsResult) {
 	fmt.Println()
 	for _, r := range rs {
 		co := r.Contention
+		label := fmt.Sprintf("%s %d x %d", r.Form, r.Procs, r.Concurrency)
+		if r.Apart {
+			label += ", a table each"
+		}
 		switch {
 		case co.Samples > 0:
-			fmt.Printf("%s %d x %d: %d samples, per sample %.2f statements running, %.2f waiting on locks, %.2f on LWLocks, %.2f on I/O (%s); per delivery %.2f index entries read, %.2f rows fetched, %.3f commits in the database\n",
-				r.Form, r.Procs, r.Concurrency, co.Samples, co.Active, co.LockWaits, co.LWLock, co.IO, co.TopWaits(4), co.IndexReadPerDelivery, co.HeapFetchPerDelivery, co.CommitsPerDelivery)
+			fmt.Printf("%s: %d samples, per sample %.2f statements running, %.2f waiting on locks, %.2f on LWLocks, %.2f on I/O (%s); per delivery %.2f index entries read, %.2f rows fetched, %.3f commits in the database\n",
+				label, co.Samples, co.Active, co.LockWaits, co.LWLock, co.IO, co.TopWaits(4), co.IndexReadPerDelivery, co.HeapFetchPerDelivery, co.CommitsPerDelivery)
 		case co.ServerCountersChecked:
-			fmt.Printf("%s %d x %d: InnoDB row lock waits %d (%d ms in all); per delivery %.2f rows read, %.2f index lookups, %.2f index entries read after them, %.1f buffer pool page reads, %.3f commits, %.3f SELECT, %.3f UPDATE, %.3f DELETE (the server's counters, all sessions)\n",
-				r.Form, r.Procs, r.Concurrency, co.RowLockWaits, co.RowLockTimeMs, co.RowsReadPerDelivery, co.ReadKeyPerDelivery, co.ReadNextPerDelivery,
+			fmt.Printf("%s: InnoDB row lock waits %d (%d ms in all); per delivery %.2f rows read, %.2f index lookups, %.2f index entries read after them, %.1f buffer pool page reads, %.3f commits, %.3f SELECT, %.3f UPDATE, %.3f DELETE (the server's counters, all sessions)\n",
+				label, co.RowLockWaits, co.RowLockTimeMs, co.RowsReadPerDelivery, co.ReadKeyPerDelivery, co.ReadNextPerDelivery,
 				co.PageReadsPerDelivery, co.CommitsPerDelivery, co.StatementsPerDelivery["select"], co.StatementsPerDelivery["update"], co.StatementsPerDelivery["delete"])
 			if co.ThreadSamples > 0 {
 				handling := ""
 				if co.ThreadHandling != "" {
 					handling = ", thread_handling " + co.ThreadHandling
 				}
-				apart := ""
-				if r.Apart {
-					apart = ", a table each"
-				}
-				fmt.Printf("%s %d x %d%s: server threads running a statement %.2f on average, %d at most (%d samples%s)\n",
-					r.Form, r.Procs, r.Concurrency, apart, co.ThreadsRunning, co.ThreadsRunningMax, co.ThreadSamples, handling)
+				fmt.Printf("%s: server threads running a statement %.2f on average, %d at most (%d samples%s)\n",
+					label, co.ThreadsRunning, co.ThreadsRunningMax, co.ThreadSamples, handling)
 			}
 		}
 	}

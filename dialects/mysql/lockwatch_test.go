@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jmoiron/sqlx"
 )
 
 // lockWaitReport is how long an InnoDB lock wait lasts before the lock
@@ -28,7 +30,7 @@ const lockWaitReport = 20 * time.Second
 // the others still run.
 func watchLockWaits(t *testing.T, dsn string, after time.Duration) {
 	t.Helper()
-	db, err := sql.Open("mysql", dsn)
+	db, err := sqlx.Open("mysql", dsn)
 	if err != nil {
 		t.Fatalf("lock watch: %v", err)
 	}
@@ -48,7 +50,7 @@ func watchLockWaits(t *testing.T, dsn string, after time.Duration) {
 
 // lockWatch is watchLockWaits' loop on db, until ctx ends: what it finds
 // goes to report.
-func lockWatch(ctx context.Context, db *sql.DB, after time.Duration, report func(string)) {
+func lockWatch(ctx context.Context, db *sqlx.DB, after time.Duration, report func(string)) {
 	reported := map[string]bool{}
 	tick := time.NewTicker(min(after/4, time.Second))
 	defer tick.Stop()
@@ -82,27 +84,19 @@ func lockWatch(ctx context.Context, db *sql.DB, after time.Duration, report func
 // longWaits returns the ids of the transactions waiting for a lock for
 // longer than after. The server keeps the start of a wait to the second,
 // so a wait is found up to a second after it passed after.
-func longWaits(ctx context.Context, db *sql.DB, after time.Duration) ([]string, error) {
-	rows, err := db.QueryContext(ctx, "SELECT trx_id FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT' AND trx_wait_started < NOW() - INTERVAL ? SECOND",
+func longWaits(ctx context.Context, db *sqlx.DB, after time.Duration) ([]string, error) {
+	var ids []string
+	err := db.SelectContext(ctx, &ids, "SELECT trx_id FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT' AND trx_wait_started < NOW() - INTERVAL ? SECOND",
 		int(after.Seconds()))
 	if err != nil {
 		return nil, fmt.Errorf("read waiting transactions: %w", err)
 	}
-	defer rows.Close()
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		ids = append(ids, id)
-	}
-	return ids, rows.Err()
+	return ids, nil
 }
 
 // lockReport is the server's view of its transactions and their locks,
 // one titled table per query.
-func lockReport(ctx context.Context, db *sql.DB) string {
+func lockReport(ctx context.Context, db *sqlx.DB) string {
 	queries := []struct{ title, q string }{
 		{"transactions", "SELECT trx_id, trx_state, trx_started, trx_wait_started, trx_requested_lock_id, trx_mysql_thread_id, trx_isolation_level, trx_rows_locked, trx_query FROM information_schema.INNODB_TRX ORDER BY trx_started"},
 		{"lock waits (MariaDB)", "SELECT * FROM information_schema.INNODB_LOCK_WAITS"},
@@ -123,7 +117,7 @@ func lockReport(ctx context.Context, db *sql.DB) string {
 
 // writeRows writes the result of q as a header line and a line per row,
 // columns separated by " | ".
-func writeRows(ctx context.Context, b *strings.Builder, db *sql.DB, q string) error {
+func writeRows(ctx context.Context, b *strings.Builder, db *sqlx.DB, q string) error {
 	rows, err := db.QueryContext(ctx, q)
 	if err != nil {
 		return err
@@ -206,7 +200,7 @@ func TestLockWatch(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		lockWatch(wctx, db.DB, time.Second, func(s string) { reports <- s })
+		lockWatch(wctx, db, time.Second, func(s string) { reports <- s })
 	}()
 	defer func() { cancel(); <-done }()
 
