@@ -13,7 +13,10 @@
 //     UPDATE of the found ids (deadline, attempt + 1), a re-read of them;
 //   - advisory lock: GET_LOCK(name, 0) and RELEASE_LOCK(name) on the
 //     session holding the subscription's keys, a claim's keys in one SELECT
-//     (one session holds many locks: MySQL 5.7+, MariaDB 10.0.2+),
+//     (one session holds many locks: MySQL 5.7+, MariaDB 10.0.2+), tried
+//     in order until as many as wanted are taken (the names as a JSON
+//     array read by JSON_TABLE, its scan ended by a LIMIT: MySQL 8.0.4+,
+//     MariaDB 10.6+),
 //     name = DATABASE() (read once per pool) ':' key (as bytes), replaced
 //     by its hex SHA-256 when over 64 bytes (GET_LOCK's limit) or when the
 //     key has a byte outside printable ASCII (GET_LOCK would turn it into
@@ -88,9 +91,11 @@ import (
 	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -187,6 +192,7 @@ func (d Dialect) Start(ctx context.Context, pool *core.Pool, p *core.Plan) (func
 const (
 	errDeadlock        = 1213 // ER_LOCK_DEADLOCK: the transaction was rolled back (a Galera certification failure too)
 	errUnknownVariable = 1193 // ER_UNKNOWN_SYSTEM_VARIABLE
+	errParse           = 1064 // ER_PARSE_ERROR: a server without JSON_TABLE (MySQL before 8.0.4)
 )
 
 // Conflict reports error 1213 (ER_LOCK_DEADLOCK): InnoDB rolled back the
@@ -524,6 +530,82 @@ func (Dialect) TryAdvisoryLocks(ctx context.Context, p *core.AdvisoryParams) ([]
 			return nil, fmt.Errorf("sqlxbroker: mysql: GET_LOCK for key %q returned NULL", keys[i])
 		}
 		out[i] = g.Int64 == 1
+	}
+	return out, nil
+}
+
+// tryFirstAdvisoryLocks tries the lock names of a JSON array in order
+// until %d are taken, and returns the positions (from 1) of those it took:
+// JSON_TABLE reads the array in order and the LIMIT ends the scan, so the
+// names after the last one wanted are never tried. GET_LOCK's NULL (an
+// error) takes nothing.
+const tryFirstAdvisoryLocks = "SELECT j.i FROM JSON_TABLE(?, '$[*]' COLUMNS(i FOR ORDINALITY, n VARCHAR(64) PATH '$')) AS j WHERE GET_LOCK(j.n, 0) = 1 LIMIT %d"
+
+// TryFirstAdvisoryLocks tries p.Keys in order until want are locked, in
+// one statement. Names outside printable ASCII (a database name that is),
+// which a JSON array would carry as text in the column's character set,
+// and servers without JSON_TABLE, are tried as many at a time as are still
+// wanted (TryAdvisoryLocks), so no key after the want-th locked is tried
+// either.
+func (d Dialect) TryFirstAdvisoryLocks(ctx context.Context, p *core.AdvisoryParams, want int) ([]int, error) {
+	names, err := lockNames(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	text := make([]string, len(names))
+	for i, n := range names {
+		switch v := n.(type) {
+		case []byte:
+			text[i] = string(v)
+		case string:
+			text[i] = v
+		}
+		if !printable(text[i]) {
+			return d.tryInWaves(ctx, p, want)
+		}
+	}
+	js, err := json.Marshal(text)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := p.Conn.QueryContext(ctx, fmt.Sprintf(tryFirstAdvisoryLocks, want), string(js))
+	var me *driver.MySQLError
+	if errors.As(err, &me) && me.Number == errParse {
+		return d.tryInWaves(ctx, p, want)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []int
+	for rows.Next() {
+		var i int
+		if err := rows.Scan(&i); err != nil {
+			return nil, err
+		}
+		out = append(out, i-1)
+	}
+	slices.Sort(out)
+	return out, rows.Err()
+}
+
+// tryInWaves is TryFirstAdvisoryLocks in statements of as many keys as
+// are still wanted: a wave never takes more than that, so no key after the
+// want-th locked is tried.
+func (d Dialect) tryInWaves(ctx context.Context, p *core.AdvisoryParams, want int) ([]int, error) {
+	var out []int
+	for i := 0; i < len(p.Keys) && len(out) < want; {
+		n := min(want-len(out), len(p.Keys)-i)
+		ok, err := d.TryAdvisoryLocks(ctx, &core.AdvisoryParams{Pool: p.Pool, Conn: p.Conn, Keys: p.Keys[i : i+n]})
+		if err != nil {
+			return nil, err
+		}
+		for j, b := range ok {
+			if b {
+				out = append(out, i+j)
+			}
+		}
+		i += n
 	}
 	return out, nil
 }
