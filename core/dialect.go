@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"database/sql"
+	"slices"
 	"strings"
 	"time"
 
@@ -143,6 +144,24 @@ type AdvisoryFirstLocker interface {
 	// want-th key locked are not tried. Fewer than want positions: every
 	// key was tried. After an error the caller discards the session.
 	TryFirstAdvisoryLocks(ctx context.Context, p *AdvisoryParams, want int) ([]int, error)
+}
+
+// FirstPositions reads the answer of a TryFirstAdvisoryLocks statement
+// that selects one column, the positions of the keys it locked counted
+// from 1, in any order: it returns them counted from 0, ascending, and
+// closes rows.
+func FirstPositions(rows *sql.Rows) ([]int, error) {
+	defer rows.Close()
+	var out []int
+	for rows.Next() {
+		var i int
+		if err := rows.Scan(&i); err != nil {
+			return nil, err
+		}
+		out = append(out, i-1)
+	}
+	slices.Sort(out)
+	return out, rows.Err()
 }
 
 // GroupGuardParams is the input of GroupGuard.GuardGroup.

@@ -95,7 +95,6 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -576,17 +575,7 @@ func (d Dialect) TryFirstAdvisoryLocks(ctx context.Context, p *core.AdvisoryPara
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var out []int
-	for rows.Next() {
-		var i int
-		if err := rows.Scan(&i); err != nil {
-			return nil, err
-		}
-		out = append(out, i-1)
-	}
-	slices.Sort(out)
-	return out, rows.Err()
+	return core.FirstPositions(rows)
 }
 
 // tryInWaves is TryFirstAdvisoryLocks in statements of as many keys as

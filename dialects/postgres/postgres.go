@@ -53,7 +53,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -310,17 +309,7 @@ func (Dialect) TryFirstAdvisoryLocks(ctx context.Context, p *core.AdvisoryParams
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var out []int
-	for rows.Next() {
-		var i int
-		if err := rows.Scan(&i); err != nil {
-			return nil, err
-		}
-		out = append(out, i-1)
-	}
-	slices.Sort(out)
-	return out, rows.Err()
+	return core.FirstPositions(rows)
 }
 
 // TryAdvisoryLocks takes, in one statement and without waiting, the
