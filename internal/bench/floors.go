@@ -281,8 +281,9 @@ func idsOf(rows *sqlx.Rows, id string) ([]any, error) {
 // connection of its own, read a page of candidates (the ready condition,
 // ORDER BY, LIMIT 4 per row wanted plus the keys held, up to 8 pages
 // while rows are wanted, as the form reads them), try the keys of
-// floorClaimSize of them in one statement on the key session
-// (TryAdvisoryLocks), take the rows whose keys they got (the attempt
+// floorClaimSize of them in one statement on the key session (the
+// form's: TryFirstAdvisoryLocks wanting them all where the dialect has it,
+// else TryAdvisoryLocks), take the rows whose keys they got (the attempt
 // counted while still claimable, read back), then on the key session
 // delete the taken rows in one statement and release their keys in one
 // (AdvisoryUnlocks), as the form's completions do; in a tight loop with no
@@ -472,7 +473,7 @@ func (k *advisoryFloor) claimAndComplete(ctx context.Context, conn *sqlx.Conn, w
 	}
 	defer k.drop(keys)
 	k.keyMu.Lock()
-	ok, err := al.TryAdvisoryLocks(ctx, &core.AdvisoryParams{Pool: k.pool, Conn: k.key, Keys: keys})
+	ok, err := k.try(ctx, keys)
 	k.keyMu.Unlock()
 	if err != nil {
 		return fmt.Errorf("try keys: %w", err)
@@ -524,6 +525,26 @@ func (k *advisoryFloor) claimAndComplete(ctx context.Context, conn *sqlx.Conn, w
 		}
 	}
 	return nil
+}
+
+// try tries every key of keys on the key session with the statement the
+// form's claims use: where the dialect tries keys in order until as many as
+// wanted are locked (core.AdvisoryFirstLocker), that one, wanting them all.
+func (k *advisoryFloor) try(ctx context.Context, keys []string) ([]bool, error) {
+	ap := &core.AdvisoryParams{Pool: k.pool, Conn: k.key, Keys: keys}
+	first := k.p.Caps.AdvisoryFirstLocker
+	if first == nil {
+		return k.p.Caps.AdvisoryLocker.TryAdvisoryLocks(ctx, ap)
+	}
+	at, err := first.TryFirstAdvisoryLocks(ctx, ap, len(keys))
+	if err != nil {
+		return nil, err
+	}
+	ok := make([]bool, len(keys))
+	for _, i := range at {
+		ok[i] = true
+	}
+	return ok, nil
 }
 
 // connExt is a connection as the dialects' statements take one.
