@@ -98,6 +98,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	driver "github.com/go-sql-driver/mysql" // the "mysql" database/sql driver
@@ -543,10 +544,17 @@ const tryFirstAdvisoryLocks = "SELECT j.i FROM JSON_TABLE(?, '$[*]' COLUMNS(i FO
 // TryFirstAdvisoryLocks tries p.Keys in order until want are locked, in
 // one statement. Names outside printable ASCII (a database name that is),
 // which a JSON array would carry as text in the column's character set,
-// and servers without JSON_TABLE, are tried as many at a time as are still
-// wanted (TryAdvisoryLocks), so no key after the want-th locked is tried
-// either.
+// and servers without JSON_TABLE (known per pool after the first statement
+// it refuses), are tried as many at a time as are still wanted
+// (TryAdvisoryLocks), so no key after the want-th locked is tried either.
 func (d Dialect) TryFirstAdvisoryLocks(ctx context.Context, p *core.AdvisoryParams, want int) ([]int, error) {
+	var noTable *atomic.Bool // the server has no JSON_TABLE (kept per pool)
+	if p.Pool != nil {
+		noTable, _ = core.Keep(p.Pool, noJSONTableKey{}, func() (*atomic.Bool, error) { return new(atomic.Bool), nil })
+	}
+	if noTable != nil && noTable.Load() {
+		return d.tryInWaves(ctx, p, want)
+	}
 	names, err := lockNames(ctx, p)
 	if err != nil {
 		return nil, err
@@ -570,6 +578,9 @@ func (d Dialect) TryFirstAdvisoryLocks(ctx context.Context, p *core.AdvisoryPara
 	rows, err := p.Conn.QueryContext(ctx, fmt.Sprintf(tryFirstAdvisoryLocks, want), string(js))
 	var me *driver.MySQLError
 	if errors.As(err, &me) && me.Number == errParse {
+		if noTable != nil {
+			noTable.Store(true)
+		}
 		return d.tryInWaves(ctx, p, want)
 	}
 	if err != nil {
@@ -577,6 +588,9 @@ func (d Dialect) TryFirstAdvisoryLocks(ctx context.Context, p *core.AdvisoryPara
 	}
 	return core.FirstPositions(rows)
 }
+
+// noJSONTableKey keeps whether a pool's server lacks JSON_TABLE (core.Keep).
+type noJSONTableKey struct{}
 
 // tryInWaves is TryFirstAdvisoryLocks in statements of as many keys as
 // are still wanted: a wave never takes more than that, so no key after the
