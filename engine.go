@@ -325,7 +325,7 @@ func (s *Subscription) loop(first bool) {
 	var wait *time.Timer   // ends that wait; made once, reset for each
 	for s.claimCtx.Err() == nil {
 		s.reserveMu.Lock()
-		busy := s.inflight.Load() + s.reserved.Load()
+		busy := s.busy()
 		free := s.p.Concurrency - int(busy)
 		if free < 1 {
 			s.reserveMu.Unlock()
@@ -481,9 +481,10 @@ func (s *Subscription) claimFailed(err error) bool {
 // next claims the next row for a worker whose delivery just completed, in
 // a form that claims row by row, while the last claims found rows: the
 // worker goes on at once instead of waiting for the claim loop. nil when
-// nothing was claimed; the loop then takes over (and polls).
+// nothing was claimed, or when completions not yet answered are more than
+// Concurrency (busy); the loop then takes over (and polls).
 func (s *Subscription) next() core.Claim {
-	if s.batching || s.dry.Load() || s.claimCtx.Err() != nil {
+	if s.batching || s.dry.Load() || s.claimCtx.Err() != nil || s.pending.Load() > int64(s.p.Concurrency) {
 		return nil
 	}
 	cs, err := s.claim(1)
@@ -715,8 +716,8 @@ func (s *Subscription) closeIdle() {
 // run runs the handler of c with ctx, which is cancelled when the claim's
 // hold is lost, and records the outcome. Completions the form answers
 // later (it writes them in batches) free the handler at once, so claims go
-// on meanwhile; at most Concurrency of them wait so, beyond that a handler
-// waits for its own.
+// on meanwhile; beyond Concurrency of them, each counts as a busy handler
+// until it is answered (busy).
 func (s *Subscription) run(ctx *handlerCtx, c core.Claim) {
 	d := &Delivery{row: c.Row(), claim: c, table: &s.table}
 	c.OnLost(func() { ctx.cancel(context.Canceled) })
@@ -726,19 +727,28 @@ func (s *Subscription) run(ctx *handlerCtx, c core.Claim) {
 		s.fails.failed(d, o, note)
 	}
 	cctx := s.completeBy.get()
-	if s.pending.Add(1) <= int64(s.p.Concurrency) {
-		s.queued.Add(1)
-		c.Complete(cctx, o, func(cerr error) {
-			s.record(d, o, cerr)
-			s.pending.Add(-1)
-			s.queued.Done()
-		})
-		return
-	}
-	s.pending.Add(-1)
-	answered := make(chan error, 1)
-	c.Complete(cctx, o, func(cerr error) { answered <- cerr })
-	s.record(d, o, <-answered)
+	s.pending.Add(1)
+	s.queued.Add(1)
+	c.Complete(cctx, o, func(cerr error) {
+		s.record(d, o, cerr)
+		if s.pending.Add(-1) >= int64(s.p.Concurrency) {
+			// One of the completions beyond Concurrency: a handler's
+			// worth of room for the claim loops (busy).
+			wake.Signal(s.freed)
+		}
+		s.queued.Done()
+	})
+}
+
+// busy is how many handlers the claim loops count as taken: those running
+// or reserved by a claim in progress, and one for each completion the form
+// has not answered beyond Concurrency. So the rows a subscription holds,
+// in handlers and in completions not yet written, stay under twice
+// Concurrency, and no handler waits for its own completion: a worker
+// that did would keep its goroutine parked, and the next rows would wake
+// another.
+func (s *Subscription) busy() int64 {
+	return s.inflight.Load() + s.reserved.Load() + max(0, s.pending.Load()-int64(s.p.Concurrency))
 }
 
 // record counts and logs a delivery's completion.

@@ -149,9 +149,11 @@ func (f *asyncForm) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 }
 
 // TestEngineAsyncCompletions: with a form that answers completions later,
-// handlers go on while their completions wait, but at most Concurrency of
-// them wait so (the next handlers wait for their own answer); InFlight
-// counts them; Stop waits for every one, and each is counted once written.
+// handlers go on while their completions wait, and no handler waits for
+// its own; beyond Concurrency of them unanswered, each holds a handler's
+// place, so no more rows are claimed than twice Concurrency in all;
+// InFlight counts them; Stop waits for every one, and each is counted
+// once written.
 func TestEngineAsyncCompletions(t *testing.T) {
 	const n, conc = 50, 4
 	f := &asyncForm{memForm: memForm{total: n, fin: make(chan struct{})}, q: make(chan func(), n)}
@@ -174,11 +176,20 @@ func TestEngineAsyncCompletions(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	}
-	// Concurrency handlers leave their completions and go on; the next
-	// Concurrency wait for their answers.
+	// 2 x Concurrency handlers leave their completions and end; the
+	// completions beyond Concurrency hold the handlers' places.
 	waitFor("the first handlers", func() bool { return len(f.q) == 2*conc && handled.Load() == 2*conc })
+	waitFor("the handlers to leave their completions", func() bool { return s.inflight.Load() == 0 })
 	if got := s.InFlight(); got != 2*conc {
-		t.Fatalf("InFlight %d, want %d (handlers waiting plus completions queued)", got, 2*conc)
+		t.Fatalf("InFlight %d, want %d (completions queued)", got, 2*conc)
+	}
+	if got, want := s.busy(), int64(conc); got != want {
+		t.Fatalf("busy %d, want %d: the completions beyond Concurrency hold every handler's place", got, want)
+	}
+	// No more rows are claimed while they do.
+	time.Sleep(50 * time.Millisecond)
+	if got := handled.Load(); got != 2*conc {
+		t.Fatalf("%d handled with %d completions unanswered, want %d", got, len(f.q), 2*conc)
 	}
 	if st := s.Stats(); st.Succeeded != 0 {
 		t.Fatalf("stats %+v before any completion was written", st)
