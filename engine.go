@@ -743,7 +743,7 @@ func (s *Subscription) run(ctx *handlerCtx, c core.Claim) {
 // busy is how many handlers the claim loops count as taken: those running
 // or reserved by a claim in progress, and one for each completion the form
 // has not answered beyond Concurrency. So the rows a subscription holds,
-// in handlers and in completions not yet written, stay under twice
+// in handlers and in completions not yet written, are at most twice
 // Concurrency, and no handler waits for its own completion: a worker
 // that did would keep its goroutine parked, and the next rows would wake
 // another.

@@ -186,7 +186,8 @@ func TestEngineAsyncCompletions(t *testing.T) {
 	if got, want := s.busy(), int64(conc); got != want {
 		t.Fatalf("busy %d, want %d: the completions beyond Concurrency hold every handler's place", got, want)
 	}
-	// No more rows are claimed while they do.
+	// No more rows are claimed while they do: nothing to wait for but
+	// time, so the check gives a claim that should not come a while.
 	time.Sleep(50 * time.Millisecond)
 	if got := handled.Load(); got != 2*conc {
 		t.Fatalf("%d handled with %d completions unanswered, want %d", got, len(f.q), 2*conc)
