@@ -34,6 +34,12 @@ type batcher[T any] struct {
 
 	linger  time.Duration
 	working func() int // deliveries in work whose completions may join a batch
+	// leave, when set, is called by add under the batcher's lock before it
+	// queues the completion: it takes the delivery out of working. A
+	// delivery is then always in working or in the queue when a collection
+	// counts them, never in neither, which would end the collection short
+	// of it and split the batch.
+	leave func()
 
 	mu         sync.Mutex
 	queue      []T
@@ -49,6 +55,9 @@ type batcher[T any] struct {
 // add queues c for a batch; false once close was called.
 func (b *batcher[T]) add(c T) bool {
 	b.mu.Lock()
+	if b.leave != nil {
+		b.leave()
+	}
 	if b.closed {
 		b.mu.Unlock()
 		return false

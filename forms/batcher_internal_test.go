@@ -23,6 +23,7 @@ func newTestBatcher(linger time.Duration, n int) *testBatcher {
 	tb.b = &batcher[int]{
 		linger:  linger,
 		working: func() int { return int(tb.working.Load()) },
+		leave:   func() { tb.working.Add(-1) },
 		flush: func(batch []int) {
 			time.Sleep(time.Millisecond)
 			tb.mu.Lock()
@@ -34,9 +35,8 @@ func newTestBatcher(linger time.Duration, n int) *testBatcher {
 	return tb
 }
 
-// done completes delivery i.
+// done completes delivery i: it leaves working as it joins the queue.
 func (tb *testBatcher) done(i int) {
-	tb.working.Add(-1)
 	tb.b.add(i)
 }
 

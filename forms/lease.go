@@ -40,6 +40,7 @@ func newLease(b base) *lease {
 	f.batch.flush = f.flush
 	f.batch.linger = completionLinger
 	f.batch.working = func() int { return int(f.working.Load()) }
+	f.batch.leave = func() { f.working.Add(-1) }
 	return f
 }
 
@@ -402,8 +403,7 @@ func (f *lease) finishAll(batch []*leaseClaim) []time.Time {
 // more.
 func (c *leaseClaim) Complete(ctx context.Context, o core.Outcome, done func(error)) {
 	c.o, c.done = o, done
-	c.f.working.Add(-1)
-	if !c.f.batch.add(c) {
+	if !c.f.batch.add(c) { // the claim leaves working (batcher.leave)
 		done(c.f.completeOne(ctx, c, o))
 	}
 }
