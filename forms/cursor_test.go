@@ -1,6 +1,7 @@
 package forms_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -94,6 +95,57 @@ func TestAdvisoryCursorSkipsCounted(t *testing.T) {
 			claim("3") // nothing uncounted ahead: a full scan at once
 			if cs, err := f.Claim(ctx, 1); err != nil || len(cs) != 0 {
 				t.Fatalf("claim with every row held: %d claims, %v", len(cs), err)
+			}
+		})
+	}
+}
+
+// TestAdvisoryClaimEndsWithEnough: an advisory claim reads no further page
+// once a page has brought it a quarter of the rows it asked for (the rows
+// it took hold their keys until it ends), and the next claim reads on from
+// the cursor.
+func TestAdvisoryClaimEndsWithEnough(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range cursorTables(t, "fx_enough", sqlxbroker.Advisory) {
+		t.Run(c.name, func(t *testing.T) {
+			// Row 1 holds key x once claimed. A claim of 8 from the
+			// cursor reads a first page of 11 rows (2-12): rows 2 and 3
+			// have free keys, rows 4-12 key x. Rows 13-32 are free.
+			publishRows(t, c, 32, func(i int, m map[string]any) {
+				if i == 1 || i >= 4 && i <= 12 {
+					m["account"] = "x"
+				}
+			})
+			f := conformance.StartForm(t, c.b, c.tb)
+			var held []core.Claim
+			t.Cleanup(func() {
+				for _, c := range held {
+					_ = conformance.Complete(ctx, c, sqlxbroker.Outcome{Kind: sqlxbroker.Released})
+				}
+			})
+			claim := func(n int) []string {
+				t.Helper()
+				cs, err := f.Claim(ctx, n)
+				if err != nil {
+					t.Fatalf("claim of %d: %v", n, err)
+				}
+				var ids []string
+				for _, c := range cs {
+					held = append(held, c)
+					ids = append(ids, fmt.Sprint(sqlxbroker.NewDelivery(c).ID()))
+				}
+				slices.SortFunc(ids, func(a, b string) int { return cmp.Or(cmp.Compare(len(a), len(b)), strings.Compare(a, b)) })
+				return ids
+			}
+			if got := claim(1); !slices.Equal(got, []string{"1"}) {
+				t.Fatalf("first claim took rows %v, want row 1", got)
+			}
+			if got := claim(8); !slices.Equal(got, []string{"2", "3"}) {
+				t.Fatalf("claim of 8 took rows %v, want rows 2 and 3 from its first page alone", got)
+			}
+			want := []string{"13", "14", "15", "16", "17", "18", "19", "20"}
+			if got := claim(8); !slices.Equal(got, want) {
+				t.Fatalf("next claim of 8 took rows %v, want %v: on from the cursor", got, want)
 			}
 		})
 	}
