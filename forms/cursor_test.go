@@ -1,12 +1,12 @@
 package forms_test
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -101,21 +101,27 @@ func TestAdvisoryCursorSkipsCounted(t *testing.T) {
 }
 
 // TestAdvisoryClaimEndsWithEnough: an advisory claim reads no further page
-// once a page has brought it a quarter of the rows it asked for (the rows
-// it took hold their keys until it ends), and the next claim reads on from
-// the cursor.
+// once a page has brought it a quarter of the rows it asked for, and 64 at
+// least (the rows it took hold their keys until it ends), and the next
+// claim reads on from the cursor.
 func TestAdvisoryClaimEndsWithEnough(t *testing.T) {
 	ctx := context.Background()
 	for _, c := range cursorTables(t, "fx_enough", sqlxbroker.Advisory) {
 		t.Run(c.name, func(t *testing.T) {
-			// Row 1 holds key x once claimed. A claim of 8 from the
-			// cursor reads a first page of 11 rows (2-12): rows 2 and 3
-			// have free keys, rows 4-12 key x. Rows 13-32 are free.
-			publishRows(t, c, 32, func(i int, m map[string]any) {
-				if i == 1 || i >= 4 && i <= 12 {
+			// Row 1 holds key x once claimed. A claim of 256 from the
+			// cursor reads a first page of 321 rows (2-322): rows 2-65
+			// have free keys, rows 66-322 key x. Rows 323-700 are free.
+			msgs := make([]any, 0, 700)
+			for i := 1; i <= 700; i++ {
+				m := map[string]any{"account": fmt.Sprint("a", i), "prio": 0}
+				if i == 1 || i >= 66 && i <= 322 {
 					m["account"] = "x"
 				}
-			})
+				msgs = append(msgs, m)
+			}
+			if err := c.b.Publish(ctx, c.db, c.tb, msgs...); err != nil {
+				t.Fatal(err)
+			}
 			f := conformance.StartForm(t, c.b, c.tb)
 			var held []core.Claim
 			t.Cleanup(func() {
@@ -123,29 +129,39 @@ func TestAdvisoryClaimEndsWithEnough(t *testing.T) {
 					_ = conformance.Complete(ctx, c, sqlxbroker.Outcome{Kind: sqlxbroker.Released})
 				}
 			})
-			claim := func(n int) []string {
+			claim := func(n int) []int {
 				t.Helper()
 				cs, err := f.Claim(ctx, n)
 				if err != nil {
 					t.Fatalf("claim of %d: %v", n, err)
 				}
-				var ids []string
+				var ids []int
 				for _, c := range cs {
 					held = append(held, c)
-					ids = append(ids, fmt.Sprint(sqlxbroker.NewDelivery(c).ID()))
+					id, err := strconv.Atoi(fmt.Sprint(sqlxbroker.NewDelivery(c).ID()))
+					if err != nil {
+						t.Fatal(err)
+					}
+					ids = append(ids, id)
 				}
-				slices.SortFunc(ids, func(a, b string) int { return cmp.Or(cmp.Compare(len(a), len(b)), strings.Compare(a, b)) })
+				slices.Sort(ids)
 				return ids
 			}
-			if got := claim(1); !slices.Equal(got, []string{"1"}) {
+			span := func(from, to int) []int {
+				var out []int
+				for i := from; i <= to; i++ {
+					out = append(out, i)
+				}
+				return out
+			}
+			if got := claim(1); !slices.Equal(got, []int{1}) {
 				t.Fatalf("first claim took rows %v, want row 1", got)
 			}
-			if got := claim(8); !slices.Equal(got, []string{"2", "3"}) {
-				t.Fatalf("claim of 8 took rows %v, want rows 2 and 3 from its first page alone", got)
+			if got := claim(256); !slices.Equal(got, span(2, 65)) {
+				t.Fatalf("claim of 256 took %d rows %v, want rows 2-65 from its first page alone", len(got), got)
 			}
-			want := []string{"13", "14", "15", "16", "17", "18", "19", "20"}
-			if got := claim(8); !slices.Equal(got, want) {
-				t.Fatalf("next claim of 8 took rows %v, want %v: on from the cursor", got, want)
+			if got := claim(8); !slices.Equal(got, span(323, 330)) {
+				t.Fatalf("next claim of 8 took rows %v, want 323-330: on from the cursor", got)
 			}
 		})
 	}

@@ -281,7 +281,7 @@ func idsOf(rows *sqlx.Rows, id string) ([]any, error) {
 // connection of its own, read a page of candidates (the ready condition,
 // ORDER BY, LIMIT 4 per row wanted plus the keys held, up to 8 pages
 // while rows are wanted and until a page leaves a quarter of them found,
-// as the form reads them), try the keys of
+// 64 at least, as the form reads them), try the keys of
 // floorClaimSize of them in one statement on the key session (the
 // form's: TryFirstAdvisoryLocks wanting them all where the dialect has it,
 // else TryAdvisoryLocks), take the rows whose keys they got (the attempt
@@ -327,14 +327,14 @@ func AdvisoryFloor(ctx context.Context, c Config, db *sqlx.DB) (float64, int, ti
 	return float64(c.Rows) / elapsed.Seconds(), loops + 1, cpu, nil
 }
 
-// floorCandidates, floorPages and floorEnough are the advisory form's
-// candidates per row wanted, most pages per claim, and the share of its
-// rows (1/floorEnough) after which a claim reads no further page
-// (forms/advisory.go).
+// floorCandidates, floorPages and floorEnoughRows are the advisory form's
+// candidates per row wanted, most pages per claim, and the fewest rows
+// after which a claim that has a quarter of its rows reads no further
+// page (forms/advisory.go).
 const (
 	floorCandidates = 4
 	floorPages      = 8
-	floorEnough     = 4
+	floorEnoughRows = 64
 )
 
 type advisoryFloor struct {
@@ -396,7 +396,7 @@ func (k *advisoryFloor) loop(conn *sqlx.Conn) error {
 					want = append(want, cd)
 				}
 			}
-			if last == nil || len(got) < limit || len(want)*floorEnough >= k.size {
+			if last == nil || len(got) < limit || len(want) >= floorEnoughRows && len(want)*4 >= k.size {
 				break
 			}
 			after = last
