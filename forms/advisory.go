@@ -98,8 +98,9 @@ const pages = 8
 // them over at once, and the next claim (the handlers it left free) reads
 // on from the cursor. A small claim reads its next page instead: a page
 // of a few rows costs less than the claim that would follow. Measured at
-// 1,000 handlers over 1,000 keys (docs/performance.md): a sixth faster on
-// PostgreSQL, and alike at 8 and 64 handlers.
+// 1,000 handlers over 1,000 keys (docs/performance.md): faster on
+// PostgreSQL in every pair of runs (by 2-29%), and alike at 8 and 64
+// handlers.
 func enough(got, max int) bool { return got >= enoughRows && got*4 >= max }
 
 // enoughRows is the fewest rows after which a claim ends (see enough).
@@ -229,7 +230,8 @@ func (f *advisory) awaitBatch(ctx context.Context) {
 
 // claimFrom is one scan of Claim: pages of candidates over where (the
 // first of up to first rows, the others of candidates rows per row still
-// wanted), until max claims are taken; end reports that the scan reached
+// wanted), until max claims are taken or a page leaves enough of them
+// (see enough); end reports that the scan reached
 // the last ready row. The cursor moves past each wave of candidates as its
 // keys are tried, so a claim running meanwhile starts after them; in a
 // rescan (keep) it stays, and last is the order position of the last
