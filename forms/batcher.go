@@ -2,6 +2,7 @@ package forms
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -32,14 +33,13 @@ type batcher[T any] struct {
 	flush func([]T)
 	most  int // goroutines writing batches at most; 0: flushers
 
-	linger  time.Duration
-	working func() int // deliveries in work whose completions may join a batch
-	// leave, when set, is called by add under the batcher's lock before it
-	// queues the completion: it takes the delivery out of working. A
-	// delivery is then always in working or in the queue when a collection
-	// counts them, never in neither, which would end the collection short
-	// of it and split the batch.
-	leave func()
+	linger time.Duration
+	// working counts, with linger, the deliveries in work whose
+	// completions may join a batch: the form adds those it claims, and add
+	// takes each out under the batcher's lock as it queues it, so a
+	// collection always counts a delivery in working or in the queue,
+	// never in neither (which would end it short and split the batch).
+	working atomic.Int64
 
 	mu         sync.Mutex
 	queue      []T
@@ -55,8 +55,8 @@ type batcher[T any] struct {
 // add queues c for a batch; false once close was called.
 func (b *batcher[T]) add(c T) bool {
 	b.mu.Lock()
-	if b.leave != nil {
-		b.leave()
+	if b.linger > 0 {
+		b.working.Add(-1)
 	}
 	if b.closed {
 		b.mu.Unlock()
@@ -125,7 +125,7 @@ func (b *batcher[T]) run() {
 // deliveries in work when it began have joined the queue (or maxBatch
 // have queued), for at most linger.
 func (b *batcher[T]) collect() {
-	b.target = min(len(b.queue)+b.working(), maxBatch)
+	b.target = min(len(b.queue)+int(b.working.Load()), maxBatch)
 	if len(b.queue) >= b.target {
 		return
 	}

@@ -2,7 +2,6 @@ package forms
 
 import (
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -11,7 +10,6 @@ import (
 // written in about a statement's round trip, with n deliveries in work.
 type testBatcher struct {
 	b       *batcher[int]
-	working atomic.Int64
 	mu      sync.Mutex
 	batches [][]int
 	written chan struct{} // a receive per batch written
@@ -19,11 +17,8 @@ type testBatcher struct {
 
 func newTestBatcher(linger time.Duration, n int) *testBatcher {
 	tb := &testBatcher{written: make(chan struct{}, 1000)}
-	tb.working.Store(int64(n))
 	tb.b = &batcher[int]{
-		linger:  linger,
-		working: func() int { return int(tb.working.Load()) },
-		leave:   func() { tb.working.Add(-1) },
+		linger: linger,
 		flush: func(batch []int) {
 			time.Sleep(time.Millisecond)
 			tb.mu.Lock()
@@ -32,6 +27,7 @@ func newTestBatcher(linger time.Duration, n int) *testBatcher {
 			tb.written <- struct{}{}
 		},
 	}
+	tb.b.working.Store(int64(n))
 	return tb
 }
 

@@ -27,8 +27,7 @@ type lease struct {
 	wg       sync.WaitGroup
 	startOne sync.Once
 
-	batch   batcher[*leaseClaim] // completions, written in batches by flush
-	working atomic.Int64         // claims handed out and not yet completed
+	batch batcher[*leaseClaim] // completions, written in batches by flush
 
 	// clock is the host's clock (core.Now) the leases are written and
 	// compared with; tests skew it.
@@ -39,8 +38,6 @@ func newLease(b base) *lease {
 	f := &lease{base: b, dur: b.plan.Lease, groups: map[*leaseGroup]struct{}{}, done: make(chan struct{}), clock: core.Now}
 	f.batch.flush = f.flush
 	f.batch.linger = completionLinger
-	f.batch.working = func() int { return int(f.working.Load()) }
-	f.batch.leave = func() { f.working.Add(-1) }
 	return f
 }
 
@@ -210,7 +207,7 @@ func (f *lease) claimOn(ctx context.Context, q sqlx.ExtContext, tx *sqlx.Tx, now
 			return nil, fmt.Errorf("sqlxbroker: commit lease claim on %s: %w", p.Table, err)
 		}
 	}
-	f.working.Add(int64(len(claims)))
+	f.batch.working.Add(int64(len(claims)))
 	f.group(claims, deadline)
 	return out, nil
 }
@@ -403,7 +400,7 @@ func (f *lease) finishAll(batch []*leaseClaim) []time.Time {
 // more.
 func (c *leaseClaim) Complete(ctx context.Context, o core.Outcome, done func(error)) {
 	c.o, c.done = o, done
-	if !c.f.batch.add(c) { // the claim leaves working (batcher.leave)
+	if !c.f.batch.add(c) { // the claim leaves batch.working
 		done(c.f.completeOne(ctx, c, o))
 	}
 }
