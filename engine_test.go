@@ -312,6 +312,44 @@ func TestEnginePipelinedClaims(t *testing.T) {
 	}
 }
 
+// TestEngineHalfBatches: a form with HalfBatches claims at most half of a
+// large batch, so its two claims run at once; without it the first claim
+// asks for every free handler, and a small batch is claimed whole either
+// way. Every row is handled once.
+func TestEngineHalfBatches(t *testing.T) {
+	for _, c := range []struct {
+		conc   int
+		halves bool
+		want   int64 // the most rows one claim asked for
+	}{{1000, true, 500}, {1000, false, 1000}, {64, true, 64}} {
+		f := &pipeForm{slow: 2 * time.Millisecond}
+		f.traits = core.Traits{Batches: true, ClaimsAtOnce: 2, HalfBatches: c.halves}
+		var most atomic.Int64
+		runOn(t, f, &f.memForm, 20_000, func(context.Context, *Delivery) error { return nil },
+			SubscribeParams{Concurrency: c.conc, OnClaim: func(ci ClaimInfo) { raise(&most, int64(ci.Asked)) }})
+		if got := most.Load(); got != c.want {
+			t.Errorf("%d handlers, HalfBatches %v: a claim asked for %d rows, want at most and once %d", c.conc, c.halves, got, c.want)
+		}
+		if c.halves && c.conc == 1000 {
+			if got := f.maxClaims.Load(); got != 2 {
+				t.Errorf("%d handlers, HalfBatches: at most %d claims ran at once, want 2", c.conc, got)
+			}
+		}
+	}
+}
+
+// A form with HalfBatches claims half of a batch of several hundred rows
+// (as many as claimLeast waits for), else the whole batch.
+func TestClaimMost(t *testing.T) {
+	for _, c := range []struct{ batch, want int }{
+		{1, 1}, {8, 8}, {64, 64}, {250, 250}, {398, 398}, {399, 200}, {400, 200}, {1000, 500}, {5001, 2501},
+	} {
+		if got := claimMost(c.batch); got != c.want {
+			t.Errorf("claimMost(%d) = %d, want %d", c.batch, got, c.want)
+		}
+	}
+}
+
 // TestEngineClaimsAtOnceBelow: a form whose claims run two at once only
 // for batches under ClaimsAtOnceBelow rows gets two at once with smaller
 // batches and one at a time from that size on, every row handled once.

@@ -121,10 +121,17 @@ type Claim interface {
 // subscriptions whose batches (SubscribeParams.BatchSize) are smaller: a
 // small claim costs its round trips, so a second one overlaps them, where a
 // large one costs its rows, and claims at once step over each other's.
+// HalfBatches: the database runs the form's claims and completions on one
+// table side by side (concurrent writers that skip each other's rows), so
+// a claim of a large batch takes at most the half the engine waits for,
+// not every free handler's row: claims and completions stay small enough
+// to overlap. A database that writes one transaction at a time gains
+// nothing from that and pays a commit per claim: leave it false there.
 type Traits struct {
 	Batches           bool
 	ClaimsAtOnce      int
 	ClaimsAtOnceBelow int
+	HalfBatches       bool
 }
 
 // Rescanner is an optional capability of a ClaimForm whose claims start

@@ -52,9 +52,12 @@ func newAdvisory(b base) *advisory {
 
 // Traits: one candidate read and one take serve a batch, and two claims
 // run at once, so one claim's candidate read, key try and take overlap
-// another's.
+// another's. Where the database writes side by side (a row locker), a
+// claim of a large batch takes half of it (core.Traits.HalfBatches), so
+// the two claims both run: one of every free handler's row left the other
+// none to claim for.
 func (f *advisory) Traits() core.Traits {
-	return core.Traits{Batches: true, ClaimsAtOnce: advisoryClaimers}
+	return core.Traits{Batches: true, ClaimsAtOnce: advisoryClaimers, HalfBatches: f.plan.Caps.RowLocker != nil}
 }
 
 // advisoryClaimers is how many claims an advisory subscription runs at once.

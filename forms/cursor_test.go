@@ -512,3 +512,23 @@ func TestFloor(t *testing.T) {
 		})
 	}
 }
+
+// TestHalfBatches: the lease and advisory forms halve large batches
+// (core.Traits.HalfBatches) on the servers, which write claims and
+// completions side by side, and not on SQLite, which writes one
+// transaction at a time and drains faster with claims of every free
+// handler's row.
+func TestHalfBatches(t *testing.T) {
+	for _, c := range prioTables(t, "fx_halves") {
+		if c.tb.Form() == sqlxbroker.RowLock {
+			continue
+		}
+		t.Run(c.name, func(t *testing.T) {
+			f := conformance.StartForm(t, c.b, c.tb)
+			want := !strings.HasPrefix(c.name, "sqlite/")
+			if got := f.Traits().HalfBatches; got != want {
+				t.Errorf("Traits().HalfBatches = %v, want %v", got, want)
+			}
+		})
+	}
+}

@@ -45,11 +45,14 @@ func newLease(b base) *lease {
 // the rows another claim holds (a row locker), two claims of batches under
 // leasePipelineBelow rows run at once: a claim of a few dozen rows is
 // mostly round trips and a commit (MariaDB's claim is a transaction of
-// four statements), and the second overlaps them.
+// four statements), and the second overlaps them; and a claim of a large
+// batch takes half of it (core.Traits.HalfBatches), as the database writes
+// claims and completions side by side.
 func (f *lease) Traits() core.Traits {
 	t := core.Traits{Batches: true, ClaimsAtOnce: 1}
 	if f.plan.QGroup == "" && f.plan.Caps.RowLocker != nil {
 		t.ClaimsAtOnce, t.ClaimsAtOnceBelow = leaseClaimers, leasePipelineBelow
+		t.HalfBatches = true
 	}
 	return t
 }
