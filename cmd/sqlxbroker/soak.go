@@ -66,6 +66,7 @@ import (
 	"github.com/sqlxbroker/sqlxbroker/conformance"
 	"github.com/sqlxbroker/sqlxbroker/core"
 	"github.com/sqlxbroker/sqlxbroker/dialects/sqlite"
+	"github.com/sqlxbroker/sqlxbroker/forms"
 )
 
 // soakConfig is one soak run.
@@ -490,6 +491,10 @@ func runSoak(ctx context.Context, c soakConfig) (*soakReport, error) {
 	}
 	forms := soakVariants(core.FormsOf(b.Dialect()))
 	caps := core.CapabilitiesOf(b.Dialect())
+	if err := checkSoakConnections(ctx, setup, c, forms); err != nil {
+		setup.Close()
+		return nil, err
+	}
 	if err := createSoakTables(ctx, b, c, forms); err != nil {
 		setup.Close()
 		return nil, err
@@ -839,6 +844,65 @@ func runSoak(ctx context.Context, c soakConfig) (*soakReport, error) {
 		dropSoakTables(context.Background(), adb, c, forms)
 	}
 	return rep, nil
+}
+
+// soakConnections is how many connections the workers may hold at once,
+// the harness's included: every row-lock handler holds one while it runs
+// (a soak's handlers are slow at times, so at times all of them do), and
+// every lease and advisory subscription its form's pool. Publishers and
+// the handlers' ledger writes take more, but briefly. rowLock is the
+// row-lock handlers' part.
+func soakConnections(c soakConfig, variants []soakVariant) (all, rowLock int) {
+	for _, v := range variants {
+		switch v.Form {
+		case sqlxbroker.RowLock:
+			rowLock += c.Workers * c.Concurrency
+		case sqlxbroker.Lease:
+			all += c.Workers * forms.LeaseConnections
+		case sqlxbroker.Advisory:
+			all += c.Workers * forms.AdvisoryConnections
+		}
+	}
+	return all + rowLock + 1, rowLock
+}
+
+// checkSoakConnections fails, before anything starts, a soak whose
+// workers may hold more connections than the server accepts (its limit
+// less the connections open now): their claims would fail for want of
+// connections, and the audit would report rows left pending. A server
+// that does not say (SQLite has none) is not checked.
+func checkSoakConnections(ctx context.Context, db *sqlx.DB, c soakConfig, variants []soakVariant) error {
+	q := connectionsLeftQuery(c.Driver)
+	if q == "" {
+		return nil
+	}
+	var left int
+	if err := db.QueryRowContext(ctx, q).Scan(&left); err != nil {
+		fmt.Fprintf(c.Out, "soak: the server's connection limit is unknown (%v); not checked\n", err)
+		return nil
+	}
+	need, rowLock := soakConnections(c, variants)
+	if need <= left {
+		return nil
+	}
+	return fmt.Errorf("soak: %d workers may hold %d connections at once (%d for %d row-lock handlers each, one per handler while it runs; %d for the lease and advisory forms' pools and the harness), and the server accepts %d more: lower --workers or --concurrency, or raise the server's connection limit",
+		c.Workers, need, rowLock, c.Concurrency, need-rowLock, left)
+}
+
+// connectionsLeftQuery reads how many more client connections driver's
+// server accepts: its limit (PostgreSQL's less the slots reserved for
+// superusers, unless the user is one) less the connections open now; ""
+// where there is no server.
+func connectionsLeftQuery(driver string) string {
+	switch driver {
+	case "postgres":
+		return `SELECT current_setting('max_connections')::int
+	- CASE WHEN (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN 0 ELSE current_setting('superuser_reserved_connections')::int END
+	- (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int`
+	case "mysql":
+		return "SELECT @@max_connections - (SELECT COUNT(*) FROM information_schema.PROCESSLIST)"
+	}
+	return ""
 }
 
 func serverVersionQuery(driver string) string {

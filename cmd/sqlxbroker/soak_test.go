@@ -11,9 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/core"
 	"github.com/sqlxbroker/sqlxbroker/dialects/sqlite"
+	"github.com/sqlxbroker/sqlxbroker/forms"
 )
 
 // TestSoak runs short soaks with faults and fails on any audit violation.
@@ -321,5 +323,67 @@ func TestSoakAuditDeleted(t *testing.T) {
 	}
 	if len(v) != 3 {
 		t.Errorf("%d violation kinds, want 3 (twice, lost, pending):\n%s", len(v), strings.Join(v, "\n"))
+	}
+}
+
+// TestSoakRefusesTooManyConnections: a soak whose workers may hold more
+// connections than the server accepts fails before it starts, with an
+// error that names the numbers and what to change, and creates nothing; a
+// small one passes the check.
+func TestSoakRefusesTooManyConnections(t *testing.T) {
+	for _, s := range []struct{ driver, env string }{{"postgres", "SQLXBROKER_POSTGRES_DSN"}, {"mysql", "SQLXBROKER_MYSQL_DSN"}} {
+		t.Run(s.driver, func(t *testing.T) {
+			dsn := os.Getenv(s.env)
+			if dsn == "" {
+				t.Skipf("%s is not set", s.env)
+			}
+			db, err := openSoakDB(s.driver, dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			var left int
+			if err := db.QueryRow(connectionsLeftQuery(s.driver)).Scan(&left); err != nil {
+				t.Fatal(err)
+			}
+			if left < 20 {
+				t.Fatalf("the server accepts only %d more connections", left)
+			}
+			variants := formsOfDriver(t, s.driver)
+			c := testSoakConfig(t, s.driver, dsn)
+			c.Workers, c.Concurrency = 3, left // 3 x left row-lock handlers alone
+			if _, err := runSoak(context.Background(), c); err == nil ||
+				!strings.Contains(err.Error(), fmt.Sprintf("%d row-lock handlers each", left)) ||
+				!strings.Contains(err.Error(), "--workers or --concurrency") {
+				t.Fatalf("soak of 3 workers x %d handlers on a server that accepts %d more connections: %v, want the connections refused", left, left, err)
+			}
+			for _, name := range soakTables(c, variants) {
+				var n int
+				q := "SELECT COUNT(*) FROM information_schema.tables WHERE table_name = ?"
+				if err := db.QueryRow(sqlx.Rebind(sqlx.BindType(s.driver), q), name).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				if n != 0 {
+					t.Errorf("the refused soak created table %s", name)
+				}
+			}
+			c.Workers, c.Concurrency = 3, 4
+			if err := checkSoakConnections(context.Background(), db, c, variants); err != nil {
+				t.Errorf("a soak of 3 workers x 4 handlers: %v", err)
+			}
+		})
+	}
+}
+
+// soakConnections counts every row-lock handler, each lease and advisory
+// subscription's pool, and the harness.
+func TestSoakConnections(t *testing.T) {
+	c := soakConfig{Workers: 3, Concurrency: 200}
+	all, rowLock := soakConnections(c, soakVariants(core.Forms))
+	if rowLock != 600 {
+		t.Errorf("row-lock part %d, want 600", rowLock)
+	}
+	if want := 600 + 3*(2*forms.LeaseConnections+forms.AdvisoryConnections) + 1; all != want {
+		t.Errorf("all %d, want %d", all, want)
 	}
 }
