@@ -86,7 +86,7 @@ flags:
 func benchCmd(args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ExitOnError)
 	fs.Usage = func() { fmt.Fprint(os.Stderr, benchUsage); fs.PrintDefaults() }
-	driver := fs.String("driver", "", "database/sql driver name: "+strings.Join(sqlxbroker.Dialects(), ", "))
+	driver := fs.String("driver", "", "database/sql driver name: "+drivers())
 	dsn := fs.String("dsn", "", "data source name (the run creates and drops its own tables)")
 	forms := fs.String("form", "lease", "claim forms, comma-separated: row-lock, lease, advisory, or all")
 	mode := fs.String("mode", bench.Drain, "drain or steady")

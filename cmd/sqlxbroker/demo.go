@@ -52,7 +52,7 @@ flags:
 func demo(args []string) error {
 	fs := flag.NewFlagSet("demo", flag.ExitOnError)
 	fs.Usage = func() { fmt.Fprint(os.Stderr, demoUsage); fs.PrintDefaults() }
-	driver := fs.String("driver", "sqlite", "database/sql driver name: "+strings.Join(sqlxbroker.Dialects(), ", "))
+	driver := fs.String("driver", "sqlite", "database/sql driver name: "+drivers())
 	dsn := fs.String("dsn", "", "data source name; for sqlite a file path (default: demo.db in --dir)")
 	n := fs.Int("messages", 12000, "messages to publish in all")
 	failRate := fs.Int("fail", 20, "percent of deliveries whose handler fails")

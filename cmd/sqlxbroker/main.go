@@ -13,12 +13,15 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 
+	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/conformance"
 )
 
@@ -52,6 +55,19 @@ var opsCommands = map[string]func(ctx context.Context, args []string, stdout, st
 	"prune":   pruneCmd,
 	"serve":   serveCmd,
 	"ddl":     ddlCmd,
+}
+
+// drivers lists the names --driver takes in a command that opens a
+// database: those this binary has both a dialect and a database/sql driver
+// for. A dialect may serve a driver the binary does not link ("pgx").
+func drivers() string {
+	var out []string
+	for _, d := range sqlxbroker.Dialects() {
+		if slices.Contains(sql.Drivers(), d) {
+			out = append(out, d)
+		}
+	}
+	return strings.Join(out, ", ")
 }
 
 func main() {

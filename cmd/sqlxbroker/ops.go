@@ -79,7 +79,7 @@ func newOpsFlags(name, usage string, stderr io.Writer, own func(fs *flag.FlagSet
 		fs.PrintDefaults()
 	}
 	o := &opsFlags{fs: fs}
-	o.driver = fs.String("driver", "", "database/sql driver name: "+strings.Join(sqlxbroker.Dialects(), ", "))
+	o.driver = fs.String("driver", "", "database/sql driver name: "+drivers())
 	o.dsn = fs.String("dsn", "", "data source name (for SQLite, a file path will do)")
 	if own != nil {
 		own(fs)
@@ -104,7 +104,7 @@ func (o *opsFlags) parse(args []string) error {
 func (o *opsFlags) open(ctx context.Context) (b *sqlxbroker.Broker, tables []sqlxbroker.Table, closeFn func(), err error) {
 	name := o.fs.Name()
 	if *o.driver == "" {
-		return nil, nil, nil, fmt.Errorf("%s: --driver is required (%s)", name, strings.Join(sqlxbroker.Dialects(), ", "))
+		return nil, nil, nil, fmt.Errorf("%s: --driver is required (%s)", name, drivers())
 	}
 	if *o.dsn == "" {
 		return nil, nil, nil, fmt.Errorf("%s: --dsn is required", name)

@@ -129,7 +129,7 @@ func (c *soakConfig) defaults() error {
 func soakCmd(args []string) error {
 	fs := flag.NewFlagSet("soak", flag.ExitOnError)
 	c := soakConfig{WorkerArgs: []string{"soak-worker"}, Out: os.Stderr}
-	fs.StringVar(&c.Driver, "driver", "", "database/sql driver name: "+strings.Join(sqlxbroker.Dialects(), ", "))
+	fs.StringVar(&c.Driver, "driver", "", "database/sql driver name: "+drivers())
 	fs.StringVar(&c.DSN, "dsn", "", "data source name (sqlite: a file path); use a database of the soak's own")
 	fs.DurationVar(&c.Duration, "duration", 5*time.Minute, "how long faults run while workers publish and consume")
 	fs.IntVar(&c.Workers, "workers", 3, "worker processes")
