@@ -74,8 +74,9 @@ type soakConfig struct {
 	Driver, DSN string
 	Duration    time.Duration // the fault phase
 	Workers     int
-	Concurrency int     // per worker and form
-	Rate        float64 // messages per second, per worker and form
+	Forms       []sqlxbroker.Form // the forms soaked; empty: every form the dialect offers
+	Concurrency int               // per worker and form
+	Rate        float64           // messages per second, per worker and form
 	Lease       time.Duration
 	MaxAttempts int
 	FailPct     float64 // handler runs that fail
@@ -150,9 +151,14 @@ func soakCmd(args []string) error {
 	fs.StringVar(&c.Prefix, "prefix", "soak", "prefix of the soak's table names (they are dropped and created)")
 	fs.BoolVar(&c.Keep, "keep", true, "keep the tables after the run (for inspection)")
 	fs.StringVar(&c.LogDir, "log-dir", "", "directory for worker logs (default: a new temporary directory)")
+	formList := fs.String("forms", "", "claim forms to soak, comma-separated: row-lock, lease, advisory (default: every form the dialect offers)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	jsonOut := fs.String("json-out", "", "also write the report as JSON to this file")
 	_ = fs.Parse(args)
+	var err error
+	if c.Forms, err = sqlxbroker.ParseForms(*formList); err != nil {
+		return fmt.Errorf("soak: --forms: %w", err)
+	}
 	if err := c.defaults(); err != nil {
 		return err
 	}
@@ -489,7 +495,21 @@ func runSoak(ctx context.Context, c soakConfig) (*soakReport, error) {
 		setup.Close()
 		return nil, err
 	}
-	forms := soakVariants(core.FormsOf(b.Dialect()))
+	offered := core.FormsOf(b.Dialect())
+	if len(c.Forms) > 0 {
+		var missing []string
+		for _, f := range c.Forms {
+			if !slices.Contains(offered, f) {
+				missing = append(missing, f.String())
+			}
+		}
+		if len(missing) > 0 {
+			setup.Close()
+			return nil, fmt.Errorf("soak: --forms: the %s dialect offers no %s form (it offers %v)", c.Driver, strings.Join(missing, " or "), offered)
+		}
+		offered = slices.DeleteFunc(slices.Clone(offered), func(f sqlxbroker.Form) bool { return !slices.Contains(c.Forms, f) })
+	}
+	forms := soakVariants(offered)
 	caps := core.CapabilitiesOf(b.Dialect())
 	if err := checkSoakConnections(ctx, setup, c, forms); err != nil {
 		setup.Close()
@@ -885,7 +905,7 @@ func checkSoakConnections(ctx context.Context, db *sqlx.DB, c soakConfig, varian
 	if need <= left {
 		return nil
 	}
-	return fmt.Errorf("soak: %d workers may hold %d connections at once (%d for %d row-lock handlers each, one per handler while it runs; %d for the lease and advisory forms' pools and the harness), and the server accepts %d more: lower --workers or --concurrency, or raise the server's connection limit",
+	return fmt.Errorf("soak: %d workers may hold %d connections at once (%d for %d row-lock handlers each, one per handler while it runs; %d for the lease and advisory forms' pools and the harness), and the server accepts %d more: lower --workers or --concurrency, leave the row lock out (--forms lease,advisory), or raise the server's connection limit",
 		c.Workers, need, rowLock, c.Concurrency, need-rowLock, left)
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -48,6 +49,19 @@ func TestSoak(t *testing.T) {
 		rep := runTestSoak(t, c)
 		if rep.Faults.Kills < 1 {
 			t.Errorf("%d worker kills in %v, want at least 1", rep.Faults.Kills, c.Duration)
+		}
+	})
+	t.Run("sqlite-forms", func(t *testing.T) {
+		// --forms: only the lease form's tables are soaked.
+		c := testSoakConfig(t, "sqlite", filepath.Join(t.TempDir(), "soak.db"))
+		c.Duration, c.Workers, c.KillEvery, c.Forms = 3*time.Second, 1, 0, []sqlxbroker.Form{sqlxbroker.Lease}
+		rep := runTestSoak(t, c)
+		var got []string
+		for _, f := range rep.Forms {
+			got = append(got, f.Form)
+		}
+		if want := []string{"lease", "lease-delete"}; !slices.Equal(got, want) {
+			t.Errorf("soaked %v, want %v", got, want)
 		}
 	})
 	if os.Getenv("SQLXBROKER_SOAK") != "1" {
