@@ -311,7 +311,8 @@ func (s *Subscription) loop(first bool) {
 	conflicts := 0 // claims in a row that ended in ErrConflict
 	// A form that claims a batch in one statement claims once enough
 	// handlers are free while work is in flight (claimLeast), so claims
-	// are not made a few rows at a time; but it waits for them at most
+	// are not made a few rows at a time (and, with HalfBatches, for at
+	// most half a large batch: claimMost); but it waits for them at most
 	// about as long as its last claim took (claimWait), and then claims
 	// for the handlers that are free: handlers busy with long deliveries
 	// do not keep the others idle. A form that claims row by row claims
@@ -434,17 +435,18 @@ func claimLeast(b int) int {
 }
 
 // claimMost is the most rows a claim of a form with core.Traits.HalfBatches
-// asks for, of a batch of b: half of a batch of several hundred, where
-// claimLeast waits for half (a claim of more would wait for no more
-// handlers, only take the ones freed meanwhile), else the whole batch.
-// Claims of half a batch drained faster at 1,000 handlers than claims of
-// every free handler's row (most 850-950 of them): the lease form by 6%
-// on PostgreSQL and 16% on MariaDB, the advisory form, whose two claims
-// then run at once, by 25% and 17%, with drain latency (p50) 30-50%
-// lower; at 500 alike, with latency lower. On SQLite (one writer) larger
-// claims were 10-25% faster, so its forms do not halve their batches; nor
-// do small batches (claimLeast's four fifths or 200 of them), where
-// capping a claim there was a fifth slower (250 and 64 handlers).
+// asks for, of a batch of b: of a batch of several hundred, the half that
+// claimLeast waits for (handlers freed while the claim runs wait for the
+// next one), else the whole batch. At 1,000 handlers claims of half the
+// batch drained faster than claims of every free handler's row (850-950
+// of them, as idle handlers free themselves within microseconds): medians
+// of four or five pairs in turn, the lease form 5-6% faster on PostgreSQL
+// and 14-16% on MariaDB, the advisory form, whose two claims then both
+// run, 9-25% and 13-17%, with drain latency (p50) 30-50% lower; at 500
+// alike, with latency lower. On SQLite (one writer) larger claims were
+// 10-25% faster, so its forms do not halve their batches; nor do small
+// batches (claimLeast's four fifths, or 200), where capping a claim at
+// what claimLeast waits for was a fifth slower (250 and 64 handlers).
 func claimMost(b int) int {
 	if l := claimLeast(b); 2*l <= b+1 {
 		return l
