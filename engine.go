@@ -444,7 +444,7 @@ func claimLeast(b int) int {
 // and 14-16% on MariaDB, the advisory form, whose two claims then both
 // run, 9-25% and 13-17%, with drain latency (p50) 30-50% lower; at 500
 // alike, with latency lower. On SQLite (one writer) larger claims were
-// 10-25% faster, so its forms do not halve their batches; nor do small
+// 7-26% faster, so its forms do not halve their batches; nor do small
 // batches (claimLeast's four fifths, or 200), where capping a claim at
 // what claimLeast waits for was a fifth slower (250 and 64 handlers).
 func claimMost(b int) int {
