@@ -6,8 +6,10 @@
 #   bash scripts/galera.sh stop          # stop the nodes, remove their data
 #
 # Nodes n1..n3: SQL on 127.0.0.1:3311..3313, group communication on
-# 45671..45673, IST on 45681..45683, SST (rsync) on 45691..45693, sockets,
-# data and logs under $SQLXBROKER_GALERA_DIR (default /tmp/sqlxbroker-galera).
+# 14571..14573, IST on 14581..14583, SST (rsync) on 14591..14593 (below
+# the kernel's ephemeral range, 32768-60999 here: a client connection's
+# source port there can hold a node's port, and the joiner's rsync daemon
+# then fails to bind it, as it once did), sockets, data and logs under $SQLXBROKER_GALERA_DIR (default /tmp/sqlxbroker-galera).
 # n1 bootstraps the cluster (--wsrep-new-cluster); n2 and n3 join it by SST.
 # The server is the system's mariadbd (wsrep built in); the provider is
 # Debian's galera-4, installed with apt-get when missing, as is rsync.
@@ -27,7 +29,7 @@ NODES=(1 2 3)
 # (rsync SST) would write as nobody and fail.
 RUNAS=${SQLXBROKER_GALERA_USER:-mysql}
 DSNS="root@tcp(127.0.0.1:3311)/test,root@tcp(127.0.0.1:3312)/test,root@tcp(127.0.0.1:3313)/test"
-GCOMM="gcomm://127.0.0.1:45671,127.0.0.1:45672,127.0.0.1:45673"
+GCOMM="gcomm://127.0.0.1:14571,127.0.0.1:14572,127.0.0.1:14573"
 
 log() { echo "galera: $*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -112,9 +114,9 @@ wsrep_cluster_address=$GCOMM
 wsrep_node_name=n$n
 wsrep_node_address=127.0.0.1
 wsrep_node_incoming_address=127.0.0.1:$(sqlport "$n")
-wsrep_provider_options="base_host=127.0.0.1;base_port=$((45670 + n));gmcast.listen_addr=tcp://127.0.0.1:$((45670 + n));ist.recv_addr=127.0.0.1:$((45680 + n));gcache.size=64M"
+wsrep_provider_options="base_host=127.0.0.1;base_port=$((14570 + n));gmcast.listen_addr=tcp://127.0.0.1:$((14570 + n));ist.recv_addr=127.0.0.1:$((14580 + n));gcache.size=64M"
 wsrep_sst_method=rsync
-wsrep_sst_receive_address=127.0.0.1:$((45690 + n))
+wsrep_sst_receive_address=127.0.0.1:$((14590 + n))
 wsrep_slave_threads=2
 EOF
 }
