@@ -83,6 +83,7 @@ func TestAdvisoryCursorSkipsCounted(t *testing.T) {
 	for _, c := range cursorTables(t, "fx_counted", sqlxbroker.Advisory) {
 		t.Run(c.name, func(t *testing.T) {
 			publishRows(t, c, 4, func(i int, m map[string]any) {
+				m[c.tb.AttemptColumn()] = 1
 				if i == 3 {
 					m[c.tb.AttemptColumn()] = 2 // counted once: taken before, now claimable again
 				}
@@ -111,17 +112,11 @@ func TestAdvisoryClaimEndsWithEnough(t *testing.T) {
 			// Row 1 holds key x once claimed. A claim of 256 from the
 			// cursor reads a first page of 321 rows (2-322): rows 2-65
 			// have free keys, rows 66-322 key x. Rows 323-700 are free.
-			msgs := make([]any, 0, 700)
-			for i := 1; i <= 700; i++ {
-				m := map[string]any{"account": fmt.Sprint("a", i), "prio": 0}
+			publishRows(t, c, 700, func(i int, m map[string]any) {
 				if i == 1 || i >= 66 && i <= 322 {
 					m["account"] = "x"
 				}
-				msgs = append(msgs, m)
-			}
-			if err := c.b.Publish(ctx, c.db, c.tb, msgs...); err != nil {
-				t.Fatal(err)
-			}
+			})
 			f := conformance.StartForm(t, c.b, c.tb)
 			var held []core.Claim
 			t.Cleanup(func() {
@@ -250,18 +245,21 @@ func claimHeld(t *testing.T, f core.ClaimForm) func() []string {
 	}
 }
 
-// publishRows publishes n rows of priority 0 into c's table, row i (from
-// 1) with account "a<i>" and whatever set adds to it.
+// publishRows publishes n rows of priority 0 into c's table in one call,
+// row i (from 1) with account "a<i>" and whatever set adds to it (the same
+// columns to every row, as one Publish takes them).
 func publishRows(t *testing.T, c prioTable, n int, set func(i int, m map[string]any)) {
 	t.Helper()
+	msgs := make([]any, 0, n)
 	for i := 1; i <= n; i++ {
 		m := map[string]any{"account": fmt.Sprint("a", i), "prio": 0}
 		if set != nil {
 			set(i, m)
 		}
-		if err := c.b.Publish(context.Background(), c.db, c.tb, m); err != nil {
-			t.Fatal(err)
-		}
+		msgs = append(msgs, m)
+	}
+	if err := c.b.Publish(context.Background(), c.db, c.tb, msgs...); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -62,8 +62,9 @@ var opsCommands = map[string]func(ctx context.Context, args []string, stdout, st
 // for. A dialect may serve a driver the binary does not link ("pgx").
 func drivers() string {
 	var out []string
+	linked := sql.Drivers()
 	for _, d := range sqlxbroker.Dialects() {
-		if slices.Contains(sql.Drivers(), d) {
+		if slices.Contains(linked, d) {
 			out = append(out, d)
 		}
 	}

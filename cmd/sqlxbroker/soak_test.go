@@ -14,6 +14,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/sqlxbroker/sqlxbroker"
+	"github.com/sqlxbroker/sqlxbroker/conformance/provision"
 	"github.com/sqlxbroker/sqlxbroker/core"
 	"github.com/sqlxbroker/sqlxbroker/dialects/sqlite"
 	"github.com/sqlxbroker/sqlxbroker/forms"
@@ -345,12 +346,12 @@ func TestSoakAuditDeleted(t *testing.T) {
 // error that names the numbers and what to change, and creates nothing; a
 // small one passes the check.
 func TestSoakRefusesTooManyConnections(t *testing.T) {
-	for _, s := range []struct{ driver, env string }{{"postgres", "SQLXBROKER_POSTGRES_DSN"}, {"mysql", "SQLXBROKER_MYSQL_DSN"}} {
+	for _, s := range []struct {
+		driver string
+		db     provision.Database
+	}{{"postgres", provision.Postgres}, {"mysql", provision.MariaDB}} {
 		t.Run(s.driver, func(t *testing.T) {
-			dsn := os.Getenv(s.env)
-			if dsn == "" {
-				t.Skipf("%s is not set", s.env)
-			}
+			dsn := s.db.Get(t)
 			db, err := openSoakDB(s.driver, dsn)
 			if err != nil {
 				t.Fatal(err)
