@@ -38,7 +38,11 @@ type Table struct {
 	Order string
 
 	// LockedUntil names the lease column (a timestamp written with the
-	// host's clock) and selects the Lease form.
+	// host's clock) and selects the Lease form. NULL or a time past is no
+	// lease held. Broker.CreateTable gives it a default long past
+	// (1970-01-01) rather than NULL: a claim then writes a value of the
+	// same length, which PostgreSQL keeps on the row's page and InnoDB
+	// writes in place (docs/operations.md, "The lease column's default").
 	LockedUntil string
 	// Lease is the lease duration in whole seconds; default DefaultLease.
 	Lease time.Duration

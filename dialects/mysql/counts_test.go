@@ -229,7 +229,8 @@ func TestStateColumnDDL(t *testing.T) {
 	}
 	ddl := strings.Join(stmts, "\n")
 	for _, want := range []string{"`sqlxbroker_state` TINYINT AS (CASE WHEN `dead_at` IS NOT NULL THEN 2 WHEN `done_at` IS NOT NULL THEN 1 ELSE 0 END) STORED INVISIBLE",
-		"INDEX `sqlxbroker_counts` (`sqlxbroker_state`, `ready_at`)"} {
+		"INDEX `sqlxbroker_counts` (`sqlxbroker_state`, `ready_at`)",
+		"`locked_until` DATETIME(6) NULL DEFAULT '1970-01-01 00:00:00'", "`ready_at` DATETIME(6) NULL,"} {
 		if !strings.Contains(ddl, want) {
 			t.Errorf("DDL lacks %s:\n%s", want, ddl)
 		}
@@ -247,6 +248,11 @@ func TestStateColumnDDL(t *testing.T) {
 	page, err := b.List(ctx, tb, sqlxbroker.ListParams{State: sqlxbroker.StateReady})
 	if err != nil || len(page.Rows) != 1 {
 		t.Fatalf("list: %v %v", page, err)
+	}
+	// Published with the lease column's default, a time long past: ready,
+	// not in work.
+	if c, err := b.Counts(ctx, tb); err != nil || c.Ready != 1 || c.InWork != 0 {
+		t.Errorf("counts of a new row: %+v, %v; want it ready", c, err)
 	}
 	if slices.Contains(page.Rows[0].Columns, "sqlxbroker_state") {
 		t.Errorf("SELECT * returns the state column: %v", page.Rows[0].Columns)

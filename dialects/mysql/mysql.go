@@ -809,9 +809,20 @@ var (
 	indexed = map[string]string{"text": "VARCHAR(255)", "bytes": "VARBINARY(255)"}
 )
 
+// pastLease is the lease column's default: a time long past, which every
+// claim reads as no lease held, as it reads NULL. InnoDB updates a record
+// in place only when no field changes its length: a row published NULL
+// grows at its first claim (the record is rewritten, and the claims of
+// other processes wait on its page meanwhile), where one published with a
+// time keeps its length. Draining with 1,000 handlers, MariaDB 10.11 was
+// 24-30% faster, four processes of 250 on one table 31-55%
+// (docs/performance.md, "A lease column published with a time").
+const pastLease = "'1970-01-01 00:00:00'"
+
 // CreateTable returns one CREATE TABLE with the recommended columns and
 // indexes: BIGINT AUTO_INCREMENT id, attempt INT NOT NULL DEFAULT 1,
-// DATETIME(6) timestamps, VARCHAR(255) group and key columns, an index on
+// DATETIME(6) timestamps (the lease column with a default of long ago:
+// pastLease), VARCHAR(255) group and key columns, an index on
 // a custom order column, (group, order) for FIFO, and, for the
 // operations' counts when the description has DeadAt or DoneAt, the
 // column sqlxbroker_state (StateMarks) with the index sqlxbroker_counts
@@ -855,6 +866,10 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 		add(c[0], typ)
 	}
 	for _, c := range pl.TimeColumns() {
+		if c == pl.LockedUntil {
+			add(c, "DATETIME(6) NULL DEFAULT "+pastLease)
+			continue
+		}
 		add(c, "DATETIME(6) NULL")
 	}
 	if pl.LastError != "" {

@@ -6,6 +6,7 @@ var (
 	VersionString = versionString
 	ChannelOf     = channelOf
 	IndexName     = indexName
+	ArrayLiteral  = arrayLiteral
 
 	WithBinaryParameters = withBinaryParameters
 )

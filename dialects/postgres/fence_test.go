@@ -171,3 +171,86 @@ func TestClaimLeasesPassesOverTouched(t *testing.T) {
 		}
 	}
 }
+
+// TestLeaseClaimsStayHeapOnly: on a table from CreateTable, whose lease
+// column defaults to a time long past, every row a lease claim updates
+// stays on its page with no new index entry (a heap-only update): the
+// claim statement's own counts, read in its transaction. A table whose
+// lease column is published NULL is claimed too, for the log: its rows
+// grow at their claim, and some no longer fit beside their old version.
+func TestLeaseClaimsStayHeapOnly(t *testing.T) {
+	db := openDSN(dsn(t))(t)
+	ctx := context.Background()
+	b, err := sqlxbroker.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 2000
+	claimAll := func(tb sqlxbroker.Table) (updated, hot int64) {
+		t.Helper()
+		p, err := b.Plan(tb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx, err := db.BeginTxx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		where, args := p.Ready(p.Alias, core.Now())
+		rows, err := postgres.Dialect{}.ClaimLeases(ctx, tx, &core.LeaseClaimParams{Plan: p, Where: where, Args: args,
+			Limit: n, Deadline: p.Time(time.Now().Add(time.Minute))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := 0
+		for rows.Next() {
+			got++
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		rows.Close()
+		if got != n {
+			t.Fatalf("%s: claimed %d rows, want %d", tb.Name, got, n)
+		}
+		if err := tx.QueryRowxContext(ctx, `SELECT pg_stat_get_xact_tuples_updated($1::regclass), pg_stat_get_xact_tuples_hot_updated($1::regclass)`,
+			tb.Name).Scan(&updated, &hot); err != nil {
+			t.Fatal(err)
+		}
+		return updated, hot
+	}
+	filled := func(name string, alter string) sqlxbroker.Table {
+		t.Helper()
+		tb := sqlxbroker.Table{Name: name, LockedUntil: "locked_until", Lease: time.Minute}
+		_, _ = db.Exec(`DROP TABLE IF EXISTS ` + name)
+		if err := b.CreateTable(ctx, tb, [2]string{"n", "bigint"}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Exec(`DROP TABLE ` + name) })
+		if alter != "" {
+			db.MustExec(alter)
+		}
+		msgs := make([]any, n)
+		for i := range msgs {
+			msgs[i] = map[string]any{"n": i}
+		}
+		if err := b.Publish(ctx, db, tb, msgs...); err != nil {
+			t.Fatal(err)
+		}
+		return tb
+	}
+	past := filled("sxb_heaponly", "")
+	var def string
+	if err := db.Get(&def, `SELECT column_default FROM information_schema.columns WHERE table_name = 'sxb_heaponly' AND column_name = 'locked_until'`); err != nil {
+		t.Fatal(err)
+	}
+	updated, hot := claimAll(past)
+	t.Logf("lease column default %s: %d rows updated, %d heap-only", def, updated, hot)
+	if updated != n || hot != updated {
+		t.Errorf("lease column default %s: %d rows updated, %d of them heap-only; want all %d", def, updated, hot, n)
+	}
+	null := filled("sxb_heaponly_null", `ALTER TABLE sxb_heaponly_null ALTER COLUMN locked_until DROP DEFAULT`)
+	updated, hot = claimAll(null)
+	t.Logf("lease column published NULL: %d rows updated, %d heap-only", updated, hot)
+}

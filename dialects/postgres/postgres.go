@@ -265,9 +265,16 @@ func arrayLiteral(vals []any) string {
 	var last time.Time
 	var lastText string
 	b.WriteByte('{')
+	var num [20]byte
 	for i, v := range vals {
 		if i > 0 {
 			b.WriteByte(',')
+		}
+		if x, ok := v.(int64); ok { // an id: digits and a sign, nothing to escape
+			b.WriteByte('"')
+			b.Write(strconv.AppendInt(num[:0], x, 10))
+			b.WriteByte('"')
+			continue
 		}
 		var s string
 		if x, ok := v.(time.Time); ok && lastText != "" && x.Equal(last) {
@@ -449,6 +456,16 @@ func versionString(num int) string {
 	return fmt.Sprintf("%d.%d.%d", num/10000, num/100%100, num%100)
 }
 
+// pastLease is the lease column's default: a time long past, which every
+// claim reads as no lease held, as it reads NULL. A row published with a
+// lease already written is as long as after its claims, so a claim's
+// update of its lease and attempt fits beside it on the page (the table's
+// fillfactor) and stays heap-only: published NULL, about one claim in
+// eight grew the row beyond the page's room and wrote new index entries,
+// and draining with 1,000 handlers was 14-17% slower (docs/performance.md,
+// "A lease column published with a time").
+const pastLease = "'1970-01-01 00:00:00+00'"
+
 // ddlTypes maps the portable payload types.
 var ddlTypes = map[string]string{
 	"text": "text", "bigint": "bigint", "int": "integer", "bool": "boolean",
@@ -456,7 +473,8 @@ var ddlTypes = map[string]string{
 }
 
 // CreateTable returns the recommended table and its indexes: a bigserial id,
-// attempt starting at 1, timestamptz for the lease and state columns, the
+// attempt starting at 1, timestamptz for the lease and state columns (the
+// lease column with a default of long ago: pastLease), the
 // group, order and key columns (text, bigint for an order column, unless
 // the payload types them), the payload columns; a partial index on the
 // claim order over unfinished rows, for a FIFO table one on (group,
@@ -492,7 +510,7 @@ func (d Dialect) CreateTable(p *core.DDLParams) ([]string, error) {
 	}
 	fixed := [][2]string{
 		{pl.ID, "bigserial PRIMARY KEY"}, {pl.Attempt, "integer NOT NULL DEFAULT 1"},
-		{pl.LockedUntil, "timestamptz"}, {pl.ReadyAt, "timestamptz"}, {pl.DeadAt, "timestamptz"}, {pl.DoneAt, "timestamptz"},
+		{pl.LockedUntil, "timestamptz DEFAULT " + pastLease}, {pl.ReadyAt, "timestamptz"}, {pl.DeadAt, "timestamptz"}, {pl.DoneAt, "timestamptz"},
 		{pl.LastError, "text"}, {pl.Metadata, "text"},
 	}
 	for _, c := range fixed {

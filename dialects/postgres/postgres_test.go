@@ -6,7 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/sqlxbroker/sqlxbroker/internal/testreport"
+	"math"
 	"os"
 	"strings"
 	"sync"
@@ -15,10 +15,12 @@ import (
 
 	_ "github.com/glebarez/go-sqlite" // a non-pq driver for the Listen refusal
 	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
 	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/conformance"
 	"github.com/sqlxbroker/sqlxbroker/core"
 	"github.com/sqlxbroker/sqlxbroker/dialects/postgres"
+	"github.com/sqlxbroker/sqlxbroker/internal/testreport"
 )
 
 // Run against a live server with
@@ -596,6 +598,35 @@ func TestListen(t *testing.T) {
 }
 
 // TestDDL: the recommended table, without a database.
+// TestArrayLiteral: the server reads arrayLiteral's text back as the values
+// it was given: integer ids (the fenced completion's), with their sign and
+// at their limits, and text that needs escaping, mixed in one array.
+func TestArrayLiteral(t *testing.T) {
+	db := openDB(t, "")
+	ids := []any{int64(1), int64(-7), int64(0), int64(math.MaxInt64), int64(math.MinInt64), int64(1234567890123)}
+	var got pq.Int64Array
+	if err := db.QueryRow("SELECT $1::bigint[]", postgres.ArrayLiteral(ids)).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(ids) {
+		t.Fatalf("%d ids back, want %d: %v", len(got), len(ids), got)
+	}
+	for i, id := range ids {
+		if got[i] != id.(int64) {
+			t.Errorf("id %d: %d back, want %d", i, got[i], id)
+		}
+	}
+	mixed := []any{int64(42), `a"b\c`, []byte("x,y"), "{}"}
+	var texts pq.StringArray
+	if err := db.QueryRow("SELECT $1::text[]", postgres.ArrayLiteral(mixed)).Scan(&texts); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"42", `a"b\c`, "x,y", "{}"}
+	if strings.Join(texts, "|") != strings.Join(want, "|") {
+		t.Errorf("texts back %q, want %q", texts, want)
+	}
+}
+
 func TestDDL(t *testing.T) {
 	b := sqlxbroker.OpenDialect(nil, postgres.Dialect{})
 	tbl := sqlxbroker.Table{Name: "app.jobs", LockedUntil: "locked_until", Group: "account", DoneAt: "done_at", DeadAt: "dead_at", MaxAttempts: 3, Order: "seq"}
@@ -607,7 +638,7 @@ func TestDDL(t *testing.T) {
 	t.Log(ddl)
 	for _, want := range []string{
 		`CREATE TABLE IF NOT EXISTS "app"."jobs"`, `"id" bigserial PRIMARY KEY`, `"attempt" integer NOT NULL DEFAULT 1`,
-		`"locked_until" timestamptz`, `"seq" bigint NOT NULL`, `"account" bigint`, `"body" bytea`,
+		`"locked_until" timestamptz DEFAULT '1970-01-01 00:00:00+00'`, `"seq" bigint NOT NULL`, `"account" bigint`, `"body" bytea`,
 		`ON "app"."jobs" ("seq") WHERE "dead_at" IS NULL AND "done_at" IS NULL`,
 		`ON "app"."jobs" ("account", "seq") WHERE "dead_at" IS NULL AND "done_at" IS NULL`,
 	} {
