@@ -815,7 +815,7 @@ var (
 // grows at its first claim (the record is rewritten, and the claims of
 // other processes wait on its page meanwhile), where one published with a
 // time keeps its length. Draining with 1,000 handlers, MariaDB 10.11 was
-// 24-30% faster, four processes of 250 on one table 31-55%
+// 27-35% faster, four processes of 250 on one table 31-55%
 // (docs/performance.md, "A lease column published with a time").
 const pastLease = "'1970-01-01 00:00:00'"
 
