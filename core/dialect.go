@@ -208,7 +208,12 @@ type DDLParams struct {
 }
 
 // TableCreator returns the recommended table and indexes; without it
-// Broker.TableDDL fails.
+// Broker.TableDDL fails. The lease column must accept NULL (the release
+// and retry outcomes write it); every statement reads NULL and a time
+// past alike as no lease held, so a default long past is allowed, and
+// where the database rewrites a row whose length changes (PostgreSQL's
+// heap-only updates, InnoDB's updates in place) it makes claims cheaper:
+// the built-in dialects default it to 1970-01-01.
 type TableCreator interface {
 	CreateTable(p *DDLParams) ([]string, error)
 }
