@@ -586,7 +586,8 @@ type DeleteParams struct {
 // work: dead, done and scheduled rows are never in work; in-work rows
 // cannot be deleted; ready rows are taken in the lease form only without a
 // live lease, in the row-lock form only when not locked (the batch skips
-// locked rows, as claims do), and in the advisory form not at all
+// locked rows, as claims do, and deletes the others one by one, so no
+// statement waits on a row in work), and in the advisory form not at all
 // (ErrRowsInWork: its keys are not in the table).
 func (b *Broker) Delete(ctx context.Context, t Table, dp DeleteParams) (int64, error) {
 	if err := dp.Select.check("Delete"); err != nil {
@@ -642,9 +643,17 @@ func (b *Broker) Delete(ctx context.Context, t Table, dp DeleteParams) (int64, e
 		if err := rows.Err(); err != nil || len(free) == 0 {
 			return 0, err
 		}
-		n, err := b.deleteWhere(ctx, tx, p, inIDs(p, len(free)), free)
-		if err != nil {
-			return 0, err
+		// One statement per row, by its key: a statement over the list
+		// may scan the table (MariaDB does for a small one, an index hint
+		// or not) and wait on each row in work it passes, held by a
+		// transaction for as long as its handler runs.
+		var n int64
+		for _, id := range free {
+			k, err := b.deleteWhere(ctx, tx, p, inIDs(p, 1), []any{id})
+			if err != nil {
+				return 0, err // rolled back
+			}
+			n += k
 		}
 		return n, tx.Commit()
 	})
