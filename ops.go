@@ -551,23 +551,12 @@ func (b *Broker) Requeue(ctx context.Context, t Table, sel Select) (int64, error
 	}
 	return b.batches(ctx, p, &t, StateDead, sel, func(ctx context.Context, ids []any) (int64, error) {
 		cond, args, _ := stateCondAs(p, &t, StateDead, core.Now(), "")
-		var all []any
+		var head []any
 		if p.QReadyAt != "" {
-			all = append(all, p.Time(core.Now()))
+			head = append(head, p.Time(core.Now()))
 		}
-		all = append(append(all, ids...), args...)
-		q := "UPDATE " + p.QTable + " SET " + strings.Join(set, ", ") + " WHERE " + inIDs(p, len(ids)) + " AND " + cond
-		return b.exec(ctx, p, q, all)
+		return b.byIDs(ctx, p, "UPDATE "+p.QTable+" SET "+strings.Join(set, ", "), head, ids, cond, args)
 	})
-}
-
-// exec runs q (with '?') and returns the rows it changed.
-func (b *Broker) exec(ctx context.Context, p *core.Plan, q string, args []any) (int64, error) {
-	res, err := b.db.ExecContext(ctx, p.Rebind(q), args...)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
 }
 
 // ErrRowsInWork: Delete was asked for ready rows in a form whose rows in
@@ -586,9 +575,10 @@ type DeleteParams struct {
 // work: dead, done and scheduled rows are never in work; in-work rows
 // cannot be deleted; ready rows are taken in the lease form only without a
 // live lease, in the row-lock form only when not locked (the batch skips
-// locked rows, as claims do, and deletes the others one by one, so no
-// statement waits on a row in work), and in the advisory form not at all
-// (ErrRowsInWork: its keys are not in the table).
+// locked rows, as claims do), and in the advisory form not at all
+// (ErrRowsInWork: its keys are not in the table). In the row-lock form,
+// Delete, Requeue and Prune change a batch's rows one statement each, in
+// one transaction, so that no statement waits on a row in work (byIDs).
 func (b *Broker) Delete(ctx context.Context, t Table, dp DeleteParams) (int64, error) {
 	if err := dp.Select.check("Delete"); err != nil {
 		return 0, err
@@ -618,7 +608,7 @@ func (b *Broker) Delete(ctx context.Context, t Table, dp DeleteParams) (int64, e
 		where := inIDs(p, len(ids)) + " AND " + cond
 		all := append(append([]any{}, ids...), args...)
 		if skip == "" {
-			return b.deleteWhere(ctx, b.db, p, where, all)
+			return b.byIDs(ctx, p, "DELETE FROM "+p.QTable, nil, ids, cond, args)
 		}
 		// Lock what is not locked (rows in work are), delete those.
 		tx, err := b.pool.BeginClaim(ctx, p.Dialect.Features().ClaimIsolation)
@@ -643,32 +633,68 @@ func (b *Broker) Delete(ctx context.Context, t Table, dp DeleteParams) (int64, e
 		if err := rows.Err(); err != nil || len(free) == 0 {
 			return 0, err
 		}
-		// One statement per row, by its key: a statement over the list
-		// may scan the table (MariaDB does for a small one, an index hint
-		// or not) and wait on each row in work it passes, held by a
-		// transaction for as long as its handler runs.
-		var n int64
-		for _, id := range free {
-			k, err := b.deleteWhere(ctx, tx, p, inIDs(p, 1), []any{id})
-			if err != nil {
-				return 0, err // rolled back
-			}
-			n += k
+		n, err := eachID(ctx, tx, p, "DELETE FROM "+p.QTable, nil, free, "", nil)
+		if err != nil {
+			return 0, err // rolled back
 		}
 		return n, tx.Commit()
 	})
 }
 
-// deleteWhere deletes the rows of p's table (aliased) that meet where.
-func (b *Broker) deleteWhere(ctx context.Context, q interface {
-	ExecContext(context.Context, string, ...any) (sql.Result, error)
-}, p *core.Plan, where string, args []any) (int64, error) {
-	stmt := "DELETE FROM " + p.QTable + " WHERE " + where
-	res, err := q.ExecContext(ctx, p.Rebind(stmt), args...)
+// byIDs runs head (an UPDATE's SET or a DELETE, headArgs its arguments)
+// on the rows of ids that still meet cond (condArgs its arguments) and
+// returns how many it changed: in one statement, or in the row-lock form
+// one statement per row in one transaction (eachID).
+func (b *Broker) byIDs(ctx context.Context, p *core.Plan, head string, headArgs, ids []any, cond string, condArgs []any) (int64, error) {
+	if p.Form != core.RowLock {
+		all := append(append(append([]any{}, headArgs...), ids...), condArgs...)
+		res, err := b.db.ExecContext(ctx, p.Rebind(head+" WHERE "+inIDs(p, len(ids))+" AND "+cond), all...)
+		if err != nil {
+			return 0, err
+		}
+		return res.RowsAffected()
+	}
+	tx, err := b.db.BeginTxx(ctx, nil)
 	if err != nil {
 		return 0, err
 	}
-	return res.RowsAffected()
+	defer tx.Rollback()
+	n, err := eachID(ctx, tx, p, head, headArgs, ids, cond, condArgs)
+	if err != nil {
+		return 0, err
+	}
+	return n, tx.Commit()
+}
+
+// eachID runs head on the rows of ids that meet cond ("": every one), one
+// statement per row, by its key, and returns how many it changed. In the
+// row-lock form a row in work is locked by its delivery's transaction for
+// as long as its handler runs, and a statement over the whole list may
+// scan the table (MariaDB plans one on a small table, index hint or not)
+// and wait for each such row it passes, though the row is not one of the
+// list: until the lock wait timeout, then error 1205.
+func eachID(ctx context.Context, tx interface {
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+}, p *core.Plan, head string, headArgs, ids []any, cond string, condArgs []any) (int64, error) {
+	where := inIDs(p, 1)
+	if cond != "" {
+		where += " AND " + cond
+	}
+	stmt := p.Rebind(head + " WHERE " + where)
+	var n int64
+	for _, id := range ids {
+		args := append(append(append([]any{}, headArgs...), id), condArgs...)
+		res, err := tx.ExecContext(ctx, stmt, args...)
+		if err != nil {
+			return 0, err
+		}
+		k, err := res.RowsAffected()
+		if err != nil {
+			return 0, err
+		}
+		n += k
+	}
+	return n, nil
 }
 
 // PruneParams says which done rows Prune removes.
@@ -723,7 +749,7 @@ func (b *Broker) prune(ctx context.Context, p *core.Plan, t *Table, sel Select, 
 		if len(ids) == 0 {
 			return total, nil
 		}
-		n, err := b.deleteWhere(ctx, b.db, p, inIDs(p, len(ids))+" AND "+cond, append(append([]any{}, ids...), args...))
+		n, err := b.byIDs(ctx, p, "DELETE FROM "+p.QTable, nil, ids, cond, args)
 		total += n
 		if err != nil || len(ids) < sel.BatchSize {
 			return total, err
