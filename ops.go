@@ -576,9 +576,11 @@ type DeleteParams struct {
 // cannot be deleted; ready rows are taken in the lease form only without a
 // live lease, in the row-lock form only when not locked (the batch skips
 // locked rows, as claims do), and in the advisory form not at all
-// (ErrRowsInWork: its keys are not in the table). In the row-lock form,
-// Delete, Requeue and Prune change a batch's rows one statement each, in
-// one transaction, so that no statement waits on a row in work (byIDs).
+// (ErrRowsInWork: its keys are not in the table). In the row-lock form on
+// a database whose statements over a list of ids may wait for rows out of
+// the list (core.Features.ListScanWaits: MySQL, MariaDB), Delete, Requeue
+// and Prune change a batch's rows one statement each, in one transaction,
+// so that none waits on a row in work (byIDs).
 func (b *Broker) Delete(ctx context.Context, t Table, dp DeleteParams) (int64, error) {
 	if err := dp.Select.check("Delete"); err != nil {
 		return 0, err
@@ -633,7 +635,15 @@ func (b *Broker) Delete(ctx context.Context, t Table, dp DeleteParams) (int64, e
 		if err := rows.Err(); err != nil || len(free) == 0 {
 			return 0, err
 		}
-		n, err := eachID(ctx, tx, p, "DELETE FROM "+p.QTable, nil, free, "", nil)
+		var n int64
+		if p.Dialect.Features().ListScanWaits {
+			n, err = eachID(ctx, tx, p, "DELETE FROM "+p.QTable, nil, free, "", nil)
+		} else {
+			var res sql.Result
+			if res, err = tx.ExecContext(ctx, p.Rebind("DELETE FROM "+p.QTable+" WHERE "+inIDs(p, len(free))), free...); err == nil {
+				n, err = res.RowsAffected()
+			}
+		}
 		if err != nil {
 			return 0, err // rolled back
 		}
@@ -643,10 +653,12 @@ func (b *Broker) Delete(ctx context.Context, t Table, dp DeleteParams) (int64, e
 
 // byIDs runs head (an UPDATE's SET or a DELETE, headArgs its arguments)
 // on the rows of ids that still meet cond (condArgs its arguments) and
-// returns how many it changed: in one statement, or in the row-lock form
-// one statement per row in one transaction (eachID).
+// returns how many it changed: in one statement, or, in the row-lock form
+// where a statement over the list may wait for the rows in work
+// (core.Features.ListScanWaits), one statement per row in one transaction
+// (eachID).
 func (b *Broker) byIDs(ctx context.Context, p *core.Plan, head string, headArgs, ids []any, cond string, condArgs []any) (int64, error) {
-	if p.Form != core.RowLock {
+	if p.Form != core.RowLock || !p.Dialect.Features().ListScanWaits {
 		all := append(append(append([]any{}, headArgs...), ids...), condArgs...)
 		res, err := b.db.ExecContext(ctx, p.Rebind(head+" WHERE "+inIDs(p, len(ids))+" AND "+cond), all...)
 		if err != nil {
@@ -673,18 +685,24 @@ func (b *Broker) byIDs(ctx context.Context, p *core.Plan, head string, headArgs,
 // scan the table (MariaDB plans one on a small table, index hint or not)
 // and wait for each such row it passes, though the row is not one of the
 // list: until the lock wait timeout, then error 1205.
+// The statement is prepared once for the batch (one round trip a row,
+// where a driver that prepares each statement with arguments takes three).
 func eachID(ctx context.Context, tx interface {
-	ExecContext(context.Context, string, ...any) (sql.Result, error)
+	PrepareContext(context.Context, string) (*sql.Stmt, error)
 }, p *core.Plan, head string, headArgs, ids []any, cond string, condArgs []any) (int64, error) {
 	where := inIDs(p, 1)
 	if cond != "" {
 		where += " AND " + cond
 	}
-	stmt := p.Rebind(head + " WHERE " + where)
+	stmt, err := tx.PrepareContext(ctx, p.Rebind(head+" WHERE "+where))
+	if err != nil {
+		return 0, err
+	}
+	defer stmt.Close()
 	var n int64
 	for _, id := range ids {
 		args := append(append(append([]any{}, headArgs...), id), condArgs...)
-		res, err := tx.ExecContext(ctx, stmt, args...)
+		res, err := stmt.ExecContext(ctx, args...)
 		if err != nil {
 			return 0, err
 		}

@@ -44,6 +44,13 @@ type Features struct {
 	LeaseClaimStatement bool
 	ClaimIsolation      sql.IsolationLevel // when the description names none; LevelDefault: the server's
 	MaxParams           int                // the most arguments a statement carries; 0: 30,000
+	// ListScanWaits: an UPDATE or DELETE of a list of ids (id IN (..))
+	// may be planned as a scan of the table that waits for each row
+	// another transaction holds, in the list or not (InnoDB, on a small
+	// table). The operations then change the rows of a row-lock table,
+	// whose rows in work stay locked while their handlers run, one
+	// statement each; false (PostgreSQL, SQLite): a list per statement.
+	ListScanWaits bool
 }
 
 // RowLocker is the capability of the RowLock form: the rows a SELECT locks
