@@ -231,6 +231,7 @@ func Scenarios() []Scenario {
 		{"PanicLogged", all, PanicLogged},
 		{"Operations", all, Operations},
 		{"OperationsAtScale", only(sqlxbroker.Lease), OperationsAtScale},
+		{"OperationsPassRowsInWork", only(sqlxbroker.RowLock), OperationsPassRowsInWork},
 		{"PublishFields", all, PublishFields},
 		{"PublishDuplicates", all, PublishDuplicates},
 		{"PublishReadyAt", all, PublishReadyAt},

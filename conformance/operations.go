@@ -237,6 +237,73 @@ func Operations(t TB, tg *Target, f sqlxbroker.Form) {
 	}
 }
 
+// OperationsPassRowsInWork (row-lock form, whose rows in work stay locked
+// by their deliveries' transactions while the handlers run): on a table
+// of 30 rows, small enough for a database to plan a statement over a list
+// of ids as a scan, with one ready row in work, Delete of the ready rows
+// and of the dead, Requeue of the dead and Prune of the done each finish
+// at once and change every row of their state but the one in work. A
+// statement over the list that waits for the row in work, though it is
+// not in the list (core.Features.ListScanWaits unset on a database that
+// does that), fails here after opsLimit instead of the database's lock
+// wait timeout.
+func OperationsPassRowsInWork(t TB, tg *Target, f sqlxbroker.Form) {
+	const each = 10 // ready, dead and done rows
+	b := tg.broker(t)
+	for _, op := range []struct {
+		name string
+		run  func(ctx context.Context, tb sqlxbroker.Table) (int64, error)
+		want int64
+		left func(c sqlxbroker.Counts) int64 // rows of the state changed, after
+	}{
+		{"delete ready rows", func(ctx context.Context, tb sqlxbroker.Table) (int64, error) {
+			return b.Delete(ctx, tb, sqlxbroker.DeleteParams{State: sqlxbroker.StateReady, Select: sqlxbroker.Select{All: true}})
+		}, each - 1, func(c sqlxbroker.Counts) int64 { return c.Ready - 1 }}, // the row in work counts as ready
+		{"delete dead rows", func(ctx context.Context, tb sqlxbroker.Table) (int64, error) {
+			return b.Delete(ctx, tb, sqlxbroker.DeleteParams{State: sqlxbroker.StateDead, Select: sqlxbroker.Select{All: true}})
+		}, each, func(c sqlxbroker.Counts) int64 { return c.Dead }},
+		{"requeue dead rows", func(ctx context.Context, tb sqlxbroker.Table) (int64, error) {
+			return b.Requeue(ctx, tb, sqlxbroker.Select{All: true})
+		}, each, func(c sqlxbroker.Counts) int64 { return c.Dead }},
+		{"prune done rows", func(ctx context.Context, tb sqlxbroker.Table) (int64, error) {
+			return b.Prune(ctx, tb, sqlxbroker.PruneParams{OlderThan: time.Hour})
+		}, each, func(c sqlxbroker.Counts) int64 { return c.Done }},
+	} {
+		tb := tg.fresh(t, b.DB(), f, opsTable)
+		now := time.Now()
+		publishState(t, tg, b, tb, "ready", each, nil)
+		publishState(t, tg, b, tb, "dead", each, map[string]time.Time{"dead_at": now.Add(-time.Minute)})
+		publishState(t, tg, b, tb, "done", each, map[string]time.Time{"done_at": now.Add(-2 * time.Hour)})
+		h := newHeld()
+		p := quick
+		p.Concurrency = 1
+		s := subscribe(t, b, tb, h.handle, p)
+		WaitFor(t, 30*time.Second, "a handler holds its row", func() bool { return s.InFlight() == 1 })
+		ctx, cancel := context.WithTimeout(context.Background(), opsLimit)
+		began := time.Now()
+		n, err := op.run(ctx, tb)
+		cancel()
+		if err != nil {
+			t.Fatalf("%s with a row in work: %v (after %v)", op.name, err, time.Since(began).Round(time.Millisecond))
+		}
+		if n != op.want {
+			t.Errorf("%s with a row in work: %d rows, want %d", op.name, n, op.want)
+		}
+		if left := op.left(counts(t, b, tb)); left != 0 {
+			t.Errorf("%s with a row in work: %d rows of the state left", op.name, left)
+		}
+		close(h.release)
+		WaitFor(t, 30*time.Second, "the row in work completed", func() bool { return s.Stats().Succeeded >= 1 })
+		if tw := h.twice(); len(tw) > 0 {
+			t.Errorf("%s: rows delivered twice: %v", op.name, tw)
+		}
+	}
+}
+
+// opsLimit bounds each operation of OperationsPassRowsInWork: far beyond
+// what 30 rows take, and short of a lock wait timeout (MariaDB's 50 s).
+const opsLimit = 20 * time.Second
+
 // OperationsAtScale (lease form: its drain is the fastest, so the 120,000
 // deliveries fit the suite's time; Operations checks every form's
 // guarantees): 100,000 dead rows are requeued in batches while a
