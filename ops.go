@@ -685,6 +685,7 @@ func (b *Broker) byIDs(ctx context.Context, p *core.Plan, head string, headArgs,
 // scan the table (MariaDB plans one on a small table, index hint or not)
 // and wait for each such row it passes, though the row is not one of the
 // list: until the lock wait timeout, then error 1205.
+//
 // The statement is prepared once for the batch (one round trip a row,
 // where a driver that prepares each statement with arguments takes three).
 func eachID(ctx context.Context, tx interface {
