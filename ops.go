@@ -580,7 +580,7 @@ type DeleteParams struct {
 // a database whose statements over a list of ids may wait for rows out of
 // the list (core.Features.ListScanWaits: MySQL, MariaDB), Delete, Requeue
 // and Prune change a batch's rows one statement each, in one transaction,
-// so that none waits on a row in work (byIDs).
+// so that none waits on a row in work (oneByOne).
 func (b *Broker) Delete(ctx context.Context, t Table, dp DeleteParams) (int64, error) {
 	if err := dp.Select.check("Delete"); err != nil {
 		return 0, err
@@ -635,15 +635,7 @@ func (b *Broker) Delete(ctx context.Context, t Table, dp DeleteParams) (int64, e
 		if err := rows.Err(); err != nil || len(free) == 0 {
 			return 0, err
 		}
-		var n int64
-		if p.Dialect.Features().ListScanWaits {
-			n, err = eachID(ctx, tx, p, "DELETE FROM "+p.QTable, nil, free, "", nil)
-		} else {
-			var res sql.Result
-			if res, err = tx.ExecContext(ctx, p.Rebind("DELETE FROM "+p.QTable+" WHERE "+inIDs(p, len(free))), free...); err == nil {
-				n, err = res.RowsAffected()
-			}
-		}
+		n, err := changeIDs(ctx, tx, p, "DELETE FROM "+p.QTable, nil, free, "", nil)
 		if err != nil {
 			return 0, err // rolled back
 		}
@@ -653,57 +645,64 @@ func (b *Broker) Delete(ctx context.Context, t Table, dp DeleteParams) (int64, e
 
 // byIDs runs head (an UPDATE's SET or a DELETE, headArgs its arguments)
 // on the rows of ids that still meet cond (condArgs its arguments) and
-// returns how many it changed: in one statement, or, in the row-lock form
-// where a statement over the list may wait for the rows in work
-// (core.Features.ListScanWaits), one statement per row in one transaction
-// (eachID).
+// returns how many it changed (changeIDs); rows changed one statement
+// each are changed in one transaction.
 func (b *Broker) byIDs(ctx context.Context, p *core.Plan, head string, headArgs, ids []any, cond string, condArgs []any) (int64, error) {
-	if p.Form != core.RowLock || !p.Dialect.Features().ListScanWaits {
-		all := append(append(append([]any{}, headArgs...), ids...), condArgs...)
-		res, err := b.db.ExecContext(ctx, p.Rebind(head+" WHERE "+inIDs(p, len(ids))+" AND "+cond), all...)
-		if err != nil {
-			return 0, err
-		}
-		return res.RowsAffected()
+	if !oneByOne(p) {
+		return changeIDs(ctx, b.db, p, head, headArgs, ids, cond, condArgs)
 	}
 	tx, err := b.db.BeginTxx(ctx, nil)
 	if err != nil {
 		return 0, err
 	}
 	defer tx.Rollback()
-	n, err := eachID(ctx, tx, p, head, headArgs, ids, cond, condArgs)
+	n, err := changeIDs(ctx, tx, p, head, headArgs, ids, cond, condArgs)
 	if err != nil {
 		return 0, err
 	}
 	return n, tx.Commit()
 }
 
-// eachID runs head on the rows of ids that meet cond ("": every one), one
-// statement per row, by its key, and returns how many it changed. In the
-// row-lock form a row in work is locked by its delivery's transaction for
-// as long as its handler runs, and a statement over the whole list may
-// scan the table (MariaDB plans one on a small table, index hint or not)
-// and wait for each such row it passes, though the row is not one of the
-// list: until the lock wait timeout, then error 1205.
-//
-// The statement is prepared once for the batch (one round trip a row,
-// where a driver that prepares each statement with arguments takes three).
-func eachID(ctx context.Context, tx interface {
+// oneByOne reports whether the operations change p's rows one statement
+// each. In the row-lock form a row in work is locked by its delivery's
+// transaction for as long as its handler runs, and where a statement over
+// a list of ids may scan the table (core.Features.ListScanWaits: MariaDB
+// plans one on a small table, index hint or not) it waits for each such
+// row it passes, though the row is not one of the list: until the lock
+// wait timeout, then error 1205.
+func oneByOne(p *core.Plan) bool {
+	return p.Form == core.RowLock && p.Dialect.Features().ListScanWaits
+}
+
+// changeIDs runs head on q for the rows of ids that meet cond ("": every
+// one) and returns how many it changed: one statement over the list, or,
+// where oneByOne, one statement per row by its key, prepared once (one
+// round trip a row, where a driver that prepares each statement with
+// arguments takes three).
+func changeIDs(ctx context.Context, q interface {
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
 	PrepareContext(context.Context, string) (*sql.Stmt, error)
 }, p *core.Plan, head string, headArgs, ids []any, cond string, condArgs []any) (int64, error) {
-	where := inIDs(p, 1)
+	and := ""
 	if cond != "" {
-		where += " AND " + cond
+		and = " AND " + cond
 	}
-	stmt, err := tx.PrepareContext(ctx, p.Rebind(head+" WHERE "+where))
+	if !oneByOne(p) {
+		all := append(append(append([]any{}, headArgs...), ids...), condArgs...)
+		res, err := q.ExecContext(ctx, p.Rebind(head+" WHERE "+inIDs(p, len(ids))+and), all...)
+		if err != nil {
+			return 0, err
+		}
+		return res.RowsAffected()
+	}
+	stmt, err := q.PrepareContext(ctx, p.Rebind(head+" WHERE "+inIDs(p, 1)+and))
 	if err != nil {
 		return 0, err
 	}
 	defer stmt.Close()
 	var n int64
 	for _, id := range ids {
-		args := append(append(append([]any{}, headArgs...), id), condArgs...)
-		res, err := stmt.ExecContext(ctx, args...)
+		res, err := stmt.ExecContext(ctx, append(append(append([]any{}, headArgs...), id), condArgs...)...)
 		if err != nil {
 			return 0, err
 		}
