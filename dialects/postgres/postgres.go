@@ -11,7 +11,8 @@
 //     (READ COMMITTED unless the table description sets one);
 //   - lease: one statement locks the claimable rows (skipping locked ones),
 //     writes the deadline and counts the attempt, and returns the rows in
-//     claim order;
+//     claim order; on a plain table (not partitioned, no child tables) it
+//     finds the rows it locked again by their address (ctid);
 //   - advisory lock: pg_try_advisory_lock on hashtextextended(key, 0), a
 //     64-bit hash of the key (PostgreSQL 11+). The lock belongs to the
 //     session, so the form needs a direct connection or a pooler in session
@@ -50,11 +51,14 @@ package postgres
 import (
 	"context"
 	"crypto/sha256"
+	"database/sql"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -178,6 +182,81 @@ const claimLeases = `WITH claimed AS (
 )
 SELECT * FROM claimed ORDER BY %[9]s`
 
+// claimLeasesByTID is claimLeases for a plain table with no child tables
+// (byTID): the update finds the rows the sub-select locked by their
+// physical address (ctid, a TID scan), not through the primary key a
+// second time. A 500-row claim ran about a fifth faster in the server
+// (1.3 against 1.6 ms) and draining with 1,000 handlers 4-8% faster
+// (docs/performance.md, "Claims that find their rows by address"). The
+// address is the locked version's: the claim holds its lock, so no other
+// transaction moves the row before the update. A version updated and
+// committed after the statement's snapshot is locked but not visible to
+// the update, so such a row is passed over (it stays claimable), never
+// taken unclaimed. The same addresses are found in every partition or
+// child of a table, so those keep claimLeases.
+const claimLeasesByTID = `WITH claimed AS (
+  UPDATE %[1]s u SET %[7]s = ?, %[8]s = %[10]s
+  WHERE u.ctid = ANY(ARRAY(SELECT %[2]s.ctid FROM %[1]s %[2]s WHERE %[3]s ORDER BY %[4]s LIMIT %[5]d FOR UPDATE SKIP LOCKED))
+  RETURNING u.*
+)
+SELECT * FROM claimed ORDER BY %[9]s`
+
+// byTID holds the plans of the lease subscriptions whose table is a plain
+// table with no child tables (Start looked), with a count of the
+// subscriptions started on each: their claims use claimLeasesByTID. A
+// claim on a plan it does not hold (a table partitioned or inherited
+// from, a view, a caller that did not start a subscription) uses
+// claimLeases.
+var byTID = struct {
+	sync.Mutex
+	plans map[*core.Plan]int
+}{plans: map[*core.Plan]int{}}
+
+// tidPlan reports whether claims on p find their rows by address.
+func tidPlan(p *core.Plan) bool {
+	byTID.Lock()
+	defer byTID.Unlock()
+	return byTID.plans[p] > 0
+}
+
+// holdTID counts one more subscription on p's plain table; the function
+// it returns counts it out.
+func holdTID(p *core.Plan) func() error {
+	byTID.Lock()
+	byTID.plans[p]++
+	byTID.Unlock()
+	var once sync.Once
+	return func() error {
+		once.Do(func() {
+			byTID.Lock()
+			defer byTID.Unlock()
+			if byTID.plans[p]--; byTID.plans[p] <= 0 {
+				delete(byTID.plans, p)
+			}
+		})
+		return nil
+	}
+}
+
+// plainTable reports whether the table of p is a plain table that no
+// table inherits from (and no partition of it): where a row's address
+// (ctid) names one row. False for a table that does not exist (the
+// broker's column check names it), a partitioned table, a view.
+func plainTable(ctx context.Context, db *sqlx.DB, p *core.Plan) (bool, error) {
+	if p.QTable == "" {
+		return false, nil // a plan made for Start alone names no table
+	}
+	var plain sql.NullBool
+	err := db.QueryRowContext(ctx, `SELECT c.relkind = 'r' AND NOT c.relhassubclass FROM pg_class c WHERE c.oid = to_regclass($1)`, p.QTable).Scan(&plain)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("sqlxbroker: postgres: read the kind of table %s: %w", p.Table, err)
+	}
+	return plain.Valid && plain.Bool, nil
+}
+
 // untouched holds for a row version no transaction has updated, deleted
 // or locked: one the statement's snapshot shows unchanged. A row that
 // another claim took after the snapshot was taken shows its old, ready
@@ -203,7 +282,11 @@ func (Dialect) ClaimLeases(ctx context.Context, on sqlx.ExtContext, p *core.Leas
 	if p.Cursor {
 		where += " AND " + fmt.Sprintf(untouched, pl.Alias)
 	}
-	q := fmt.Sprintf(claimLeases, pl.QTable, pl.Alias, where, pl.OrderBy(pl.Alias), p.Limit,
+	claim := claimLeases
+	if tidPlan(pl) {
+		claim = claimLeasesByTID
+	}
+	q := fmt.Sprintf(claim, pl.QTable, pl.Alias, where, pl.OrderBy(pl.Alias), p.Limit,
 		pl.QID, pl.QLockedUntil, pl.QAttempt, pl.OrderBy(""), pl.NextAttempt("u"))
 	// The deadline comes first in the text, the where args after it.
 	return on.QueryxContext(ctx, pl.Rebind(q), append([]any{p.Deadline}, p.Args...)...)
@@ -403,7 +486,9 @@ const (
 // when the server is too old for p's form, and refuses the advisory form
 // with a *sqlxbroker.FormError behind a transaction-mode pooler
 // (TransactionPooling, or found by the pool's probe). The version is one
-// round trip per subscription start, so it is not kept.
+// round trip per subscription start, so it is not kept. For the lease
+// form it reads the table's kind too: the claims of a plain table with no
+// child tables find their rows by address (claimLeasesByTID) until stop.
 func (d Dialect) Start(ctx context.Context, pool *core.Pool, p *core.Plan) (func() error, error) {
 	n, err := serverVersion(ctx, pool.DB)
 	if err != nil {
@@ -412,10 +497,17 @@ func (d Dialect) Start(ctx context.Context, pool *core.Pool, p *core.Plan) (func
 	if err := checkVersion(n, p.Form); err != nil {
 		return nil, err
 	}
-	if p.Form == core.Advisory {
+	switch p.Form {
+	case core.Advisory:
 		if pooled, how := d.txPooling(ctx, pool); pooled {
 			return nil, d.refuseAdvisory(how)
 		}
+	case core.Lease:
+		plain, err := plainTable(ctx, pool.DB, p)
+		if err != nil || !plain {
+			return nil, err
+		}
+		return holdTID(p), nil
 	}
 	return nil, nil
 }

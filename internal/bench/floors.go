@@ -60,7 +60,8 @@ func floorTable(ctx context.Context, c Config, db *sqlx.DB, f sqlxbroker.Form) (
 // where the dialect's claim is one statement), then delete them with the
 // form's fenced completion (the dialect's FenceLeases, in a transaction,
 // with RETURNING where the dialect has it, else checked by rows affected),
-// in a tight loop with no engine, handler, renewal or broker in between.
+// in a tight loop with no engine, handler, renewal or broker in between
+// (the dialect's Starter run first, as for a subscription).
 // Rows in work at once are about c.Concurrency, as in a drain. It returns
 // the rate, the connections used and the process's CPU time over the
 // drain, the fill left out.
@@ -73,6 +74,18 @@ func LeaseFloor(ctx context.Context, c Config, db *sqlx.DB) (float64, int, time.
 		return 0, 0, 0, fmt.Errorf("bench: lease floor: %w", err)
 	}
 	defer cleanup()
+	// Started as a subscription starts, so the dialect claims with the
+	// statement it gives a subscription on this table (PostgreSQL's claims
+	// by address on a plain table).
+	if s := p.Caps.Starter; s != nil {
+		stop, err := s.Start(ctx, core.NewPool(db, c.Dialect), p)
+		if err != nil {
+			return 0, 0, 0, fmt.Errorf("bench: lease floor: %w", err)
+		}
+		if stop != nil {
+			defer stop() //nolint:errcheck // nothing to do about it
+		}
+	}
 	size := floorClaimSize(c)
 	loops := min(floorLoops, c.Concurrency)
 	feats := p.Dialect.Features()

@@ -1,0 +1,186 @@
+package postgres_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sqlxbroker/sqlxbroker"
+	"github.com/sqlxbroker/sqlxbroker/core"
+	"github.com/sqlxbroker/sqlxbroker/dialects/postgres"
+)
+
+// TestLeaseClaimsByAddress: once a lease subscription has started on a
+// plain table (the dialect's Start), its claims find the rows they locked
+// by address: the claim scans the primary key once (the sub-select), not
+// again to find the rows to update, and still takes the first rows in order, their attempt counted
+// and the deadline written. Before Start and after its stop, the claim
+// finds them through the key again.
+func TestLeaseClaimsByAddress(t *testing.T) {
+	db := openDSN(dsn(t))(t)
+	ctx := context.Background()
+	b, err := sqlxbroker.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := sqlxbroker.Table{Name: "sxb_tid", LockedUntil: "locked_until", Lease: time.Minute}
+	_, _ = db.Exec(`DROP TABLE IF EXISTS sxb_tid`)
+	if err := b.CreateTable(ctx, tb, [2]string{"n", "bigint"}); err != nil {
+		t.Fatal(err)
+	}
+	defer db.Exec(`DROP TABLE sxb_tid`)
+	msgs := make([]any, 100)
+	for i := range msgs {
+		msgs[i] = map[string]any{"n": i}
+	}
+	if err := b.Publish(ctx, db, tb, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	p, err := b.Plan(tb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// claim takes 10 rows in a transaction it rolls back, and returns the
+	// primary key's index scans the claim made.
+	claim := func(what string) int64 {
+		t.Helper()
+		tx := db.MustBegin()
+		defer tx.Rollback()
+		// The index's scans so far: the counts since the server last
+		// took them in, which it does between transactions, not in one.
+		scans := func() (n int64) {
+			if err := tx.Get(&n, `SELECT pg_stat_get_xact_numscans('sxb_tid_pkey'::regclass)`); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		before := scans()
+		deadline := time.Now().Add(time.Minute).Truncate(time.Microsecond)
+		where, args := p.Ready(p.Alias, core.Now())
+		rows, err := postgres.Dialect{}.ClaimLeases(ctx, tx, &core.LeaseClaimParams{Plan: p, Where: where, Args: args,
+			Limit: 10, Deadline: p.Time(deadline)})
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		var ids []int64
+		for rows.Next() {
+			m := map[string]any{}
+			if err := rows.MapScan(m); err != nil {
+				t.Fatal(err)
+			}
+			if m["attempt"].(int64) != 2 || !m["locked_until"].(time.Time).Equal(deadline) {
+				t.Errorf("%s: row %v: attempt %v, lease %v, want 2 and %v", what, m["id"], m["attempt"], m["locked_until"], deadline)
+			}
+			ids = append(ids, m["id"].(int64))
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		rows.Close()
+		for i, id := range ids {
+			if id != int64(i+1) {
+				t.Fatalf("%s: claimed %v, want rows 1 to 10 in order", what, ids)
+			}
+		}
+		if len(ids) != 10 {
+			t.Fatalf("%s: claimed %v, want rows 1 to 10 in order", what, ids)
+		}
+		return scans() - before
+	}
+	// Through the key, the update's look-ups are one scan or more (one per
+	// id up to PostgreSQL 16); by address there are none.
+	if got := claim("before Start"); got < 2 {
+		t.Errorf("before Start: %d scans of the primary key, want 2 or more (the sub-select and the update)", got)
+	}
+	stop, err := postgres.Dialect{}.Start(ctx, core.NewPool(db, postgres.Dialect{}), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stop == nil {
+		t.Fatal("Start of a lease subscription on a plain table returned no stop")
+	}
+	if got := claim("started"); got != 1 {
+		t.Errorf("started: %d scans of the primary key, want 1 (the sub-select; the update by address)", got)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := claim("stopped"); got < 2 {
+		t.Errorf("stopped: %d scans of the primary key, want 2 or more", got)
+	}
+}
+
+// TestLeaseClaimsPartitioned: a lease subscription on a partitioned table,
+// whose partitions hold rows at the same addresses (each partition's first
+// row is at its page 0, item 1), delivers the ready rows of one partition
+// and leaves the other partition's rows, leased to someone else (within
+// the table's lease), as they were: a claim by address would update those
+// too.
+func TestLeaseClaimsPartitioned(t *testing.T) {
+	db := openDSN(dsn(t))(t)
+	ctx := context.Background()
+	b, err := sqlxbroker.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = db.Exec(`DROP TABLE IF EXISTS sxb_parts`)
+	db.MustExec(`CREATE TABLE sxb_parts (id bigint NOT NULL, attempt integer NOT NULL DEFAULT 1,
+		locked_until timestamptz DEFAULT '1970-01-01 00:00:00+00', n bigint) PARTITION BY RANGE (id)`)
+	defer db.Exec(`DROP TABLE sxb_parts`)
+	db.MustExec(`CREATE TABLE sxb_parts_1 PARTITION OF sxb_parts FOR VALUES FROM (1) TO (1001)`)
+	db.MustExec(`CREATE TABLE sxb_parts_2 PARTITION OF sxb_parts FOR VALUES FROM (1001) TO (2001)`)
+	db.MustExec(`CREATE INDEX ON sxb_parts_1 (id)`)
+	db.MustExec(`CREATE INDEX ON sxb_parts_2 (id)`)
+	const n = 50
+	db.MustExec(`INSERT INTO sxb_parts (id, locked_until, n) SELECT g, now() + interval '50 minutes', g FROM generate_series(1, $1) g`, n)
+	db.MustExec(`INSERT INTO sxb_parts (id, n) SELECT 1000 + g, g FROM generate_series(1, $1) g`, n)
+	var shared int
+	if err := db.Get(&shared, `SELECT count(*) FROM sxb_parts_1 a JOIN sxb_parts_2 b ON a.ctid = b.ctid`); err != nil {
+		t.Fatal(err)
+	}
+	if shared != n {
+		t.Fatalf("%d rows of the two partitions share an address, want %d: the test shows nothing", shared, n)
+	}
+	tb := sqlxbroker.Table{Name: "sxb_parts", LockedUntil: "locked_until", Lease: time.Hour}
+	var mu sync.Mutex
+	got := map[int64]int{}
+	all := make(chan struct{})
+	s, err := b.Subscribe(ctx, tb, func(ctx context.Context, d *sqlxbroker.Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		got[d.ID().(int64)]++
+		if len(got) == n {
+			close(all)
+		}
+		return nil
+	}, sqlxbroker.SubscribeParams{Concurrency: 8, PollInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-all:
+	case <-time.After(30 * time.Second):
+		t.Error("the ready partition's rows were not all delivered within 30 s")
+	}
+	if err := s.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	for id, k := range got {
+		if id <= 1000 || k != 1 {
+			t.Errorf("row %d delivered %d times; want each of rows 1001-%d once, no other", id, k, 1000+n)
+		}
+	}
+	mu.Unlock()
+	var left, changed int
+	if err := db.Get(&left, `SELECT count(*) FROM sxb_parts_2`); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Get(&changed, `SELECT count(*) FROM sxb_parts_1 WHERE attempt <> 1 OR locked_until < now() + interval '40 minutes'`); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 || changed != 0 {
+		t.Errorf("%d rows left in the ready partition (want 0), %d rows of the leased one changed (want 0)", left, changed)
+	}
+}
