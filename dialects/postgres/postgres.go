@@ -188,16 +188,20 @@ SELECT * FROM claimed ORDER BY %[9]s`
 // second time. A 500-row claim ran about a fifth faster in the server
 // (1.3 against 1.6 ms) and draining with 1,000 handlers 8% faster, the
 // median of ten pairs (docs/performance.md, "Claims that find their rows
-// by address"). The
-// address is the locked version's: the claim holds its lock, so no other
-// transaction moves the row before the update. A version updated and
-// committed after the statement's snapshot is locked but not visible to
-// the update, so such a row is passed over (it stays claimable), never
-// taken unclaimed. The same addresses are found in every partition or
-// child of a table, so those keep claimLeases.
+// by address").
+//
+// An address is the version the sub-select locked, and no other
+// transaction can move a row the claim holds locked, so the update
+// changes exactly the rows locked: a row another transaction updated
+// after the statement's snapshot is either updated at its newest version
+// or passed over (it stays as that transaction left it), never taken
+// without its lock. The same address names a row in every partition or
+// child of a table, so those keep claimLeases; both scans read the table
+// ONLY, so a child table made while a subscription runs is not claimed
+// from (its rows wait for the next start) rather than claimed wrongly.
 const claimLeasesByTID = `WITH claimed AS (
-  UPDATE %[1]s u SET %[7]s = ?, %[8]s = %[10]s
-  WHERE u.ctid = ANY(ARRAY(SELECT %[2]s.ctid FROM %[1]s %[2]s WHERE %[3]s ORDER BY %[4]s LIMIT %[5]d FOR UPDATE SKIP LOCKED))
+  UPDATE ONLY %[1]s u SET %[7]s = ?, %[8]s = %[10]s
+  WHERE u.ctid = ANY(ARRAY(SELECT %[2]s.ctid FROM ONLY %[1]s %[2]s WHERE %[3]s ORDER BY %[4]s LIMIT %[5]d FOR UPDATE SKIP LOCKED))
   RETURNING u.*
 )
 SELECT * FROM claimed ORDER BY %[9]s`
