@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -203,5 +204,110 @@ func TestLeaseClaimsPartitioned(t *testing.T) {
 	}
 	if left != 0 || changed != 0 {
 		t.Errorf("%d rows left in the ready partition (want 0), %d rows of the leased one changed (want 0)", left, changed)
+	}
+}
+
+// TestLeaseClaimByAddressPassesOverUpdated: a row another transaction
+// updates and commits after the claim's snapshot, while the claim is
+// scanning (held at that row by a lock the test holds), is passed over by
+// the claim by address: the claim takes the other rows, and the row stays
+// as that transaction left it, not leased. Never a row without its lock.
+func TestLeaseClaimByAddressPassesOverUpdated(t *testing.T) {
+	db := openDSN(dsn(t))(t)
+	ctx := context.Background()
+	b, err := sqlxbroker.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := sqlxbroker.Table{Name: "sxb_tid_epq", LockedUntil: "locked_until", Lease: time.Minute}
+	_, _ = db.Exec(`DROP TABLE IF EXISTS sxb_tid_epq`)
+	if err := b.CreateTable(ctx, tb, [2]string{"n", "bigint"}); err != nil {
+		t.Fatal(err)
+	}
+	defer db.Exec(`DROP TABLE sxb_tid_epq`)
+	for i := range 5 {
+		if err := b.Publish(ctx, db, tb, map[string]any{"n": i + 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := b.Plan(tb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, err := postgres.Dialect{}.Start(ctx, core.NewPool(db, postgres.Dialect{}), p)
+	if err != nil || stop == nil {
+		t.Fatalf("Start: %v (stop %v)", err, stop != nil)
+	}
+	defer stop()
+	holder, err := db.Connx(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	const key = 7_424_242
+	if _, err := holder.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, key); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		ids []int64
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		where, args := p.Ready(p.Alias, core.Now())
+		// The scan waits at row 1, after the statement's snapshot.
+		where += fmt.Sprintf(" AND (c.id <> 1 OR pg_advisory_xact_lock(%d) IS NOT NULL)", key)
+		rows, err := postgres.Dialect{}.ClaimLeases(ctx, db, &core.LeaseClaimParams{Plan: p, Where: where, Args: args,
+			Limit: 3, Deadline: p.Time(time.Now().Add(time.Minute))})
+		if err != nil {
+			got <- result{err: err}
+			return
+		}
+		defer rows.Close()
+		var r result
+		for rows.Next() {
+			m := map[string]any{}
+			if r.err = rows.MapScan(m); r.err != nil {
+				break
+			}
+			r.ids = append(r.ids, m["id"].(int64))
+		}
+		if r.err == nil {
+			r.err = rows.Err()
+		}
+		got <- r
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting int
+		if err := db.Get(&waiting, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND query LIKE '%sxb_tid_epq%'`); err != nil {
+			t.Fatal(err)
+		}
+		if waiting == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the claim did not reach row 1 within 10 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	db.MustExec(`UPDATE sxb_tid_epq SET n = n + 100 WHERE id = 1`)
+	if _, err := holder.ExecContext(ctx, `SELECT pg_advisory_unlock($1)`, key); err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if len(r.ids) != 2 || r.ids[0] != 2 || r.ids[1] != 3 {
+		t.Errorf("claimed %v, want rows 2 and 3 (row 1 passed over)", r.ids)
+	}
+	var n, attempt int64
+	var leased bool
+	if err := db.QueryRow(`SELECT n, attempt, locked_until > now() FROM sxb_tid_epq WHERE id = 1`).Scan(&n, &attempt, &leased); err != nil {
+		t.Fatal(err)
+	}
+	if n != 101 || attempt != 1 || leased {
+		t.Errorf("row 1: n %d, attempt %d, leased %v; want 101, 1, false (as the other transaction left it)", n, attempt, leased)
 	}
 }
