@@ -192,10 +192,12 @@ SELECT * FROM claimed ORDER BY %[9]s`
 //
 // An address is the version the sub-select locked, and no other
 // transaction can move a row the claim holds locked, so the update
-// changes exactly the rows locked: a row another transaction updated
-// after the statement's snapshot is either updated at its newest version
-// or passed over (it stays as that transaction left it), never taken
-// without its lock. The same address names a row in every partition or
+// changes exactly the rows locked. A row another transaction updated
+// and committed after the statement's snapshot, which the sub-select
+// locks at its newest version, is not visible to the update, so it is
+// passed over and stays as that transaction left it
+// (TestLeaseClaimByAddressPassesOverUpdated); it is never taken without
+// its lock. The same address names a row in every partition or
 // child of a table, so those keep claimLeases; both scans read the table
 // ONLY, so a child table made while a subscription runs is not claimed
 // from (its rows wait for the next start) rather than claimed wrongly.
