@@ -607,11 +607,11 @@ func (b *Broker) Delete(ctx context.Context, t Table, dp DeleteParams) (int64, e
 	}
 	return b.batches(ctx, p, &t, dp.State, dp.Select, func(ctx context.Context, ids []any) (int64, error) {
 		cond, args, _ := stateCondAs(p, &t, dp.State, core.Now(), "")
-		where := inIDs(p, len(ids)) + " AND " + cond
-		all := append(append([]any{}, ids...), args...)
 		if skip == "" {
 			return b.byIDs(ctx, p, "DELETE FROM "+p.QTable, nil, ids, cond, args)
 		}
+		where := inIDs(p, len(ids)) + " AND " + cond
+		all := append(append([]any{}, ids...), args...)
 		// Lock what is not locked (rows in work are), delete those.
 		tx, err := b.pool.BeginClaim(ctx, p.Dialect.Features().ClaimIsolation)
 		if err != nil {

@@ -816,9 +816,10 @@ var (
 // in place only when no field changes its length: a row published NULL
 // grows at its first claim (the record is deleted and inserted again on
 // its page, a longer hold of the page that the claims of other processes
-// wait for), where one published with a time keeps its length. Draining with 1,000 handlers, MariaDB 10.11 was
-// 27-35% faster, four processes of 250 on one table 31-55%
-// (docs/performance.md, "A lease column published with a time").
+// wait for), where one published with a time keeps its length. Draining
+// with 1,000 handlers, MariaDB 10.11 was 27-35% faster, four processes of
+// 250 on one table 31-55% (docs/performance.md, "A lease column published
+// with a time").
 const pastLease = "'1970-01-01 00:00:00'"
 
 // CreateTable returns one CREATE TABLE with the recommended columns and

@@ -3,10 +3,12 @@ package postgres_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/sqlxbroker/sqlxbroker"
 	"github.com/sqlxbroker/sqlxbroker/core"
 	"github.com/sqlxbroker/sqlxbroker/dialects/postgres"
@@ -23,27 +25,7 @@ import (
 func TestLeaseClaimsByAddress(t *testing.T) {
 	db := openDSN(dsn(t))(t)
 	ctx := context.Background()
-	b, err := sqlxbroker.Open(db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tb := sqlxbroker.Table{Name: "sxb_tid", LockedUntil: "locked_until", Lease: time.Minute}
-	_, _ = db.Exec(`DROP TABLE IF EXISTS sxb_tid`)
-	if err := b.CreateTable(ctx, tb, [2]string{"n", "bigint"}); err != nil {
-		t.Fatal(err)
-	}
-	defer db.Exec(`DROP TABLE sxb_tid`)
-	msgs := make([]any, 100)
-	for i := range msgs {
-		msgs[i] = map[string]any{"n": i}
-	}
-	if err := b.Publish(ctx, db, tb, msgs...); err != nil {
-		t.Fatal(err)
-	}
-	p, err := b.Plan(tb)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := leaseTable(t, db, "sxb_tid", 100)
 	// claim takes 10 rows in a transaction it rolls back, and returns the
 	// primary key's index scans the claim made.
 	claim := func(what string) int64 {
@@ -81,12 +63,7 @@ func TestLeaseClaimsByAddress(t *testing.T) {
 			t.Fatal(err)
 		}
 		rows.Close()
-		for i, id := range ids {
-			if id != int64(i+1) {
-				t.Fatalf("%s: claimed %v, want rows 1 to 10 in order", what, ids)
-			}
-		}
-		if len(ids) != 10 {
+		if !slices.Equal(ids, []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}) {
 			t.Fatalf("%s: claimed %v, want rows 1 to 10 in order", what, ids)
 		}
 		return scans() - before
@@ -215,25 +192,7 @@ func TestLeaseClaimsPartitioned(t *testing.T) {
 func TestLeaseClaimByAddressPassesOverUpdated(t *testing.T) {
 	db := openDSN(dsn(t))(t)
 	ctx := context.Background()
-	b, err := sqlxbroker.Open(db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tb := sqlxbroker.Table{Name: "sxb_tid_epq", LockedUntil: "locked_until", Lease: time.Minute}
-	_, _ = db.Exec(`DROP TABLE IF EXISTS sxb_tid_epq`)
-	if err := b.CreateTable(ctx, tb, [2]string{"n", "bigint"}); err != nil {
-		t.Fatal(err)
-	}
-	defer db.Exec(`DROP TABLE sxb_tid_epq`)
-	for i := range 5 {
-		if err := b.Publish(ctx, db, tb, map[string]any{"n": i + 1}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	p, err := b.Plan(tb)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := leaseTable(t, db, "sxb_tid_epq", 5)
 	stop, err := postgres.Dialect{}.Start(ctx, core.NewPool(db, postgres.Dialect{}), p)
 	if err != nil || stop == nil {
 		t.Fatalf("Start: %v (stop %v)", err, stop != nil)
@@ -310,4 +269,34 @@ func TestLeaseClaimByAddressPassesOverUpdated(t *testing.T) {
 	if n != 101 || attempt != 1 || leased {
 		t.Errorf("row 1: n %d, attempt %d, leased %v; want 101, 1, false (as the other transaction left it)", n, attempt, leased)
 	}
+}
+
+// leaseTable makes a lease table name (CreateTable, a bigint column n,
+// dropped when t ends) holding n rows, ids 1 to n with n equal to the id,
+// and returns its plan.
+func leaseTable(t *testing.T, db *sqlx.DB, name string, n int) *core.Plan {
+	t.Helper()
+	ctx := context.Background()
+	b, err := sqlxbroker.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := sqlxbroker.Table{Name: name, LockedUntil: "locked_until", Lease: time.Minute}
+	_, _ = db.Exec(`DROP TABLE IF EXISTS ` + name)
+	if err := b.CreateTable(ctx, tb, [2]string{"n", "bigint"}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Exec(`DROP TABLE IF EXISTS ` + name) })
+	msgs := make([]any, n)
+	for i := range msgs {
+		msgs[i] = map[string]any{"n": i + 1}
+	}
+	if err := b.Publish(ctx, db, tb, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	p, err := b.Plan(tb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

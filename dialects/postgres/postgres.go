@@ -250,9 +250,6 @@ func holdTID(p *core.Plan) func() error {
 // (ctid) names one row. False for a table that does not exist (the
 // broker's column check names it), a partitioned table, a view.
 func plainTable(ctx context.Context, db *sqlx.DB, p *core.Plan) (bool, error) {
-	if p.QTable == "" {
-		return false, nil // a plan made for Start alone names no table
-	}
 	var plain sql.NullBool
 	err := db.QueryRowContext(ctx, `SELECT c.relkind = 'r' AND NOT c.relhassubclass FROM pg_class c WHERE c.oid = to_regclass($1)`, p.QTable).Scan(&plain)
 	if errors.Is(err, sql.ErrNoRows) {

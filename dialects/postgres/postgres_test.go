@@ -505,7 +505,7 @@ func TestVersionGate(t *testing.T) {
 	}
 	if db := os.Getenv("SQLXBROKER_POSTGRES_DSN"); db != "" {
 		for _, f := range core.Forms {
-			if _, err := (postgres.Dialect{}).Start(context.Background(), core.NewPool(openDB(t, ""), postgres.Dialect{}), &core.Plan{Form: f}); err != nil {
+			if _, err := (postgres.Dialect{}).Start(context.Background(), core.NewPool(openDB(t, ""), postgres.Dialect{}), &core.Plan{Form: f, Table: "sxb_gate", QTable: `"sxb_gate"`}); err != nil {
 				t.Errorf("live server, %s: %v", f, err)
 			}
 		}
