@@ -134,7 +134,7 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 	var out []core.Claim
 	tried := make(map[string]bool, max)
 	for retry := false; ; retry = true {
-		from, fromArgs, keep, full := "", []any(nil), false, true
+		from, fromArgs, keep, full := "", []any(nil), rescanOf(0), true
 		if p.QGroup == "" {
 			from, fromArgs, keep, full = f.scan.from(p, p.Alias, retry)
 		}
@@ -151,13 +151,13 @@ func (f *advisory) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 			w = where + " AND " + p.Uncounted(p.Alias) + from
 		}
 		want := max - len(out)
-		got, end, last, err := f.claimFrom(ctx, cols, w, append(append([]any{}, args...), fromArgs...), first, want, tried, keep)
+		got, end, last, err := f.claimFrom(ctx, cols, w, append(append([]any{}, args...), fromArgs...), first, want, tried, keep != 0)
 		out = append(out, got...)
-		if keep {
+		if keep != 0 {
 			// A rescan's rows leave the cursor where it was (see cursor).
 			// A claim that ended with enough rows (see enough) counts as
 			// full: more rows may stand before the cursor.
-			f.scan.rescanned(p, last, len(got) == want || !end && enough(len(got), want))
+			f.scan.rescanned(p, keep, last, len(got) == want || !end && enough(len(got), want))
 		}
 		if err != nil {
 			return out, err

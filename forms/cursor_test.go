@@ -306,6 +306,62 @@ func TestRescanOnWake(t *testing.T) {
 	}
 }
 
+// TestWakeDuringRescan: a wake-up told while a rescan's claim runs may
+// stand for a row committed after that claim's snapshot, so the rescan
+// goes on: the next claim scans from the first row again and takes the
+// row, though the claim that ran found a row at the cursor, which ends a
+// rescan. Without it the row would wait for the next full scan behind
+// the whole backlog (the periodic one is set to an hour here).
+func TestWakeDuringRescan(t *testing.T) {
+	t.Cleanup(func() { forms.SetFullScanEvery(100 * time.Millisecond) })
+	forms.SetFullScanEvery(time.Hour)
+	ctx := context.Background()
+	for _, c := range prioTables(t, "fx_wakerescan") {
+		t.Run(c.name, func(t *testing.T) {
+			db, b, tb := c.db, c.b, c.tb
+			publish := func(account string, prio int) {
+				t.Helper()
+				if err := b.Publish(ctx, db, tb, map[string]any{"account": account, "prio": prio}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i := range 5 {
+				publish(fmt.Sprint("a", i), 0)
+			}
+			f := conformance.StartForm(t, b, tb)
+			r := core.RescannerOf(f)
+			claim := claimOne(t, f)
+			claim("1")
+			claim("2")
+			publish("a5", 1)
+			r.Rescan()
+			claim("6") // the wake-up's full scan: row 6 sorts first
+			// Row 7 is published while row 3's claim runs, after its
+			// statement: in a goroutine, as SQLite's one writer may
+			// still be in the claim's transaction.
+			var published chan error
+			forms.SetRescannedHook(t, func() {
+				if published == nil {
+					published = make(chan error, 1)
+					r.Rescan()
+					go func() {
+						published <- b.Publish(ctx, db, tb, map[string]any{"account": "a6", "prio": 1})
+					}()
+				}
+			})
+			claim("3") // the rescan finds nothing more before the cursor
+			if published == nil {
+				t.Fatal("the claim of row 3 was not a rescan")
+			}
+			if err := <-published; err != nil {
+				t.Fatal(err)
+			}
+			claim("7") // the wake-up told while row 3's claim ran
+			claim("4")
+		})
+	}
+}
+
 // TestPriorityJumpsBacklog: a subscription to a table ordered by priority,
 // busy with a backlog, claims a row published with a higher priority next
 // (the publish's in-process wake-up makes its next claim a full scan),

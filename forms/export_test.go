@@ -1,6 +1,7 @@
 package forms
 
 import (
+	"testing"
 	"time"
 
 	"github.com/sqlxbroker/sqlxbroker/core"
@@ -9,6 +10,13 @@ import (
 // SetFullScanEvery sets how often claims scan from the first row, until
 // the test ends.
 func SetFullScanEvery(d time.Duration) { fullScanEvery = d }
+
+// SetRescannedHook runs fn as each rescan's claim reports its rows, after
+// its statement and before the cursor learns of them, until t ends.
+func SetRescannedHook(t testing.TB, fn func()) {
+	t.Cleanup(func() { rescannedHook = nil })
+	rescannedHook = fn
+}
 
 // SetFloorEvery sets how long a floor serves full scans before it is read
 // again.

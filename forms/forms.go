@@ -85,6 +85,7 @@ type cursor struct {
 	at     []any     // the order values of the last row claimed; nil: none
 	full   time.Time // when the last full scan started
 	rescan bool      // the next claim scans from the first row (rescanNext)
+	wakes  rescanOf  // wake-ups told (rescanNext); never zero once one was
 
 	floor   []any     // where full scans start (see readFloor); nil: the first row
 	floorAt time.Time // when floor was read; zero: never
@@ -94,11 +95,15 @@ type cursor struct {
 // before it is read again.
 var floorEvery = time.Second
 
+// rescanOf tells a claim the rescan it makes (see from): zero for none,
+// else the wake-ups told when it began, which it gives back to rescanned.
+type rescanOf uint64
+
 // from returns the condition and args that start a claim at the cursor
 // (over alias), or "" for a full scan, which it then counts as started.
 // retry asks for a full scan: the claim from the cursor found nothing.
-// keep reports a full scan made for a rescan (a wake-up of a table whose
-// new rows may sort before the cursor): the rows it finds are mostly
+// keep is not zero for a full scan made for a rescan (a wake-up of a table
+// whose new rows may sort before the cursor): the rows it finds are mostly
 // those just published, ahead of the rest in the order, so the claim
 // reports its last row with rescanned instead of advance, which leaves
 // the cursor where it is rather than moving it back before every row the
@@ -107,7 +112,7 @@ var floorEvery = time.Second
 // full reports a full scan: from the first row, or from the floor (see
 // readFloor), with cond then its condition. A full scan may not pass over a
 // claimable row it can lock (core.LeaseClaimParams.Cursor is false).
-func (c *cursor) from(p *core.Plan, alias string, retry bool) (cond string, args []any, keep, full bool) {
+func (c *cursor) from(p *core.Plan, alias string, retry bool) (cond string, args []any, keep rescanOf, full bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := time.Now()
@@ -118,18 +123,18 @@ func (c *cursor) from(p *core.Plan, alias string, retry bool) (cond string, args
 		// Every claim rescans until one finds nothing more before the
 		// cursor (rescanned): claims run at once, and a burst of
 		// publishes can stand behind one wake-up.
-		return "", nil, true, true
+		return "", nil, c.wakes, true
 	}
 	if c.at == nil || now.Sub(c.full) >= fullScanEvery {
 		c.full, c.rescan = now, false
 		if c.floor != nil && now.Sub(c.floorAt) < floorEvery {
 			cond, args = p.From(alias, c.floor, false)
-			return " AND " + cond, args, false, true
+			return " AND " + cond, args, 0, true
 		}
-		return "", nil, false, true
+		return "", nil, 0, true
 	}
 	cond, args = p.From(alias, c.at, false)
-	return " AND " + cond, args, false, false
+	return " AND " + cond, args, 0, false
 }
 
 // floors reports whether p's full scans may start from a floor: its rows
@@ -215,30 +220,40 @@ func orderPosition(v []any) []any {
 	return out
 }
 
-// rescanned is told the position v (Plan.OrderValues) of the last row a
-// rescan's claim took (nil: it took none), and whether that claim took as
-// many rows as it asked for. A full claim whose last row comes before the
-// cursor may have left more rows published before it (a wake-up can stand
-// for several publishes), so claims go on rescanning. Otherwise the rescan
-// ends, and a row at or after the cursor moves the cursor there, as any
-// claim does.
-func (c *cursor) rescanned(p *core.Plan, v []any, full bool) {
+// rescanned is told, by the claim from gave the rescan keep, the position
+// v (Plan.OrderValues) of the last row it took (nil: it took none), and
+// whether it took as many rows as it asked for. A full claim whose last
+// row comes before the cursor may have left more rows published before it
+// (a wake-up can stand for several publishes), so claims go on
+// rescanning. So do they after a wake-up told while the claim ran: its
+// rows may have been committed after the claim's snapshot. Otherwise the
+// rescan ends. A row at or after the cursor moves the cursor there, as
+// any claim does.
+func (c *cursor) rescanned(p *core.Plan, keep rescanOf, v []any, full bool) {
 	if v != nil {
 		v = orderPosition(v)
 	}
+	if rescannedHook != nil {
+		rescannedHook()
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	woken := c.wakes != keep
 	switch {
 	case v == nil:
-		c.rescan = false
+		c.rescan = c.rescan && woken
 	case c.at == nil:
-		c.at, c.rescan = v, false
+		c.at, c.rescan = v, c.rescan && woken
 	case before(p, v, c.at):
-		c.rescan = c.rescan && full
+		c.rescan = c.rescan && (full || woken)
 	default:
-		c.at, c.rescan = v, false
+		c.at, c.rescan = v, c.rescan && woken
 	}
 }
+
+// rescannedHook, when set (by tests), runs as a rescan's claim reports
+// to rescanned, after its statement and before the cursor learns of it.
+var rescannedHook func()
 
 // before reports whether position v comes strictly before w in p's claim
 // order; false when a pair of values cannot be compared (the next
@@ -302,6 +317,9 @@ func compareValues(a, b any) (int, bool) {
 func (c *cursor) rescanNext() {
 	c.mu.Lock()
 	c.rescan = true
+	if c.wakes++; c.wakes == 0 {
+		c.wakes = 1 // zero says "no rescan" (rescanOf)
+	}
 	c.mu.Unlock()
 }
 

@@ -157,7 +157,7 @@ func (f *lease) claimOn(ctx context.Context, q sqlx.ExtContext, tx *sqlx.Tx, now
 		}
 		claimRows.Put(buf)
 	}()
-	keep := false
+	var keep rescanOf
 	for retry := false; ; retry = true {
 		// Outside FIFO tables, from the cursor first (see cursor); when
 		// that finds nothing, from the start (or the floor).
@@ -183,13 +183,13 @@ func (f *lease) claimOn(ctx context.Context, q sqlx.ExtContext, tx *sqlx.Tx, now
 		}
 	}
 	if len(rows) == 0 {
-		if keep {
-			f.scan.rescanned(p, nil, false)
+		if keep != 0 {
+			f.scan.rescanned(p, keep, nil, false)
 		}
 		return nil, nil
 	}
-	if p.QGroup == "" && keep {
-		f.scan.rescanned(p, p.OrderValues(rows[len(rows)-1].get), len(rows) == max)
+	if p.QGroup == "" && keep != 0 {
+		f.scan.rescanned(p, keep, p.OrderValues(rows[len(rows)-1].get), len(rows) == max)
 	} else if p.QGroup == "" && len(rows) == max {
 		f.scan.advance(p.OrderValues(rows[len(rows)-1].get))
 	}

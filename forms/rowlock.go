@@ -312,7 +312,7 @@ func (f *rowLock) claimIn(ctx context.Context, t *claimTx) (core.Claim, error) {
 		// (or the floor, read in the claim's transaction: the pool may
 		// have no connection to spare while claims hold theirs).
 		f.scan.refreshFloor(ctx, t.tx, p)
-		keep := false
+		var keep rescanOf
 		for retry := false; ; retry = true {
 			var from string
 			var fromArgs []any
@@ -325,10 +325,10 @@ func (f *rowLock) claimIn(ctx context.Context, t *claimTx) (core.Claim, error) {
 			}
 		}
 		switch {
-		case keep && err == nil && len(rows) == 0:
-			f.scan.rescanned(p, nil, false)
-		case keep && len(rows) > 0:
-			f.scan.rescanned(p, p.OrderValues(rows[0].get), true)
+		case keep != 0 && err == nil && len(rows) == 0:
+			f.scan.rescanned(p, keep, nil, false)
+		case keep != 0 && len(rows) > 0:
+			f.scan.rescanned(p, keep, p.OrderValues(rows[0].get), true)
 		case len(rows) > 0:
 			f.scan.advance(p.OrderValues(rows[0].get))
 		}
