@@ -144,10 +144,12 @@ type Traits struct {
 // the process or through the dialect's Waker), whether it is busy or idle;
 // the form's claims then read from the first row of the claim order until
 // one has taken every row published before the cursor (a wake-up may stand
-// for several publishes), and leave the cursor where it was. Rescan must
-// be cheap and must not block. A form whose cursor cannot miss
-// a new row (ID order) does not implement it, and its wake-ups cost
-// nothing more. RescannerOf finds it.
+// for several publishes), and leave the cursor where it was. A wake-up
+// that comes while such a claim runs is not spent by it: its row may have
+// been committed after that claim's snapshot. Rescan must be cheap and
+// must not block. A form whose cursor cannot miss a new row (ID order)
+// does not implement it, and its wake-ups cost nothing more. RescannerOf
+// finds it.
 type Rescanner interface {
 	Rescan()
 }
