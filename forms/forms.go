@@ -220,15 +220,15 @@ func orderPosition(v []any) []any {
 	return out
 }
 
-// rescanned is told, by the claim from gave the rescan keep, the position
-// v (Plan.OrderValues) of the last row it took (nil: it took none), and
-// whether it took as many rows as it asked for. A full claim whose last
-// row comes before the cursor may have left more rows published before it
-// (a wake-up can stand for several publishes), so claims go on
-// rescanning. So do they after a wake-up told while the claim ran: its
-// rows may have been committed after the claim's snapshot. Otherwise the
-// rescan ends. A row at or after the cursor moves the cursor there, as
-// any claim does.
+// rescanned is told by a rescan's claim (keep, as from gave it) the
+// position v (Plan.OrderValues) of the last row it took (nil: it took
+// none), and whether it took as many rows as it asked for. A full claim
+// whose last row comes before the cursor may have left more rows
+// published before it (a wake-up can stand for several publishes), so
+// claims go on rescanning. So do they after a wake-up told while the
+// claim ran: its rows may have been committed after the claim's
+// snapshot. Otherwise the rescan ends. A row at or after the cursor moves
+// the cursor there, as any claim does.
 func (c *cursor) rescanned(p *core.Plan, keep rescanOf, v []any, full bool) {
 	if v != nil {
 		v = orderPosition(v)
