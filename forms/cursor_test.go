@@ -272,26 +272,10 @@ func publishRows(t *testing.T, c prioTable, n int, set func(i int, m map[string]
 func TestRescanOnWake(t *testing.T) {
 	t.Cleanup(func() { forms.SetFullScanEvery(100 * time.Millisecond) })
 	forms.SetFullScanEvery(time.Hour)
-	ctx := context.Background()
 	for _, c := range prioTables(t, "fx_rescan") {
 		t.Run(c.name, func(t *testing.T) {
-			db, b, tb := c.db, c.b, c.tb
-			for i := range 5 {
-				if err := b.Publish(ctx, db, tb, map[string]any{"account": fmt.Sprint("a", i), "prio": 0}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			f := conformance.StartForm(t, b, tb)
-			r := core.RescannerOf(f)
-			if r == nil {
-				t.Fatal("no Rescanner for a table ordered by prio")
-			}
-			claim := claimOne(t, f)
-			claim("1")
-			claim("2")
-			if err := b.Publish(ctx, db, tb, map[string]any{"account": "a5", "prio": 1}); err != nil {
-				t.Fatal(err)
-			}
+			claim, r := c.claimedTwo(t)
+			c.publish(t, "a5", 1)
 			claim("3") // from the cursor: row 6 sorts before it
 			r.Rescan()
 			claim("6") // the wake-up's full scan
@@ -318,22 +302,8 @@ func TestWakeDuringRescan(t *testing.T) {
 	ctx := context.Background()
 	for _, c := range prioTables(t, "fx_wakerescan") {
 		t.Run(c.name, func(t *testing.T) {
-			db, b, tb := c.db, c.b, c.tb
-			publish := func(account string, prio int) {
-				t.Helper()
-				if err := b.Publish(ctx, db, tb, map[string]any{"account": account, "prio": prio}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			for i := range 5 {
-				publish(fmt.Sprint("a", i), 0)
-			}
-			f := conformance.StartForm(t, b, tb)
-			r := core.RescannerOf(f)
-			claim := claimOne(t, f)
-			claim("1")
-			claim("2")
-			publish("a5", 1)
+			claim, r := c.claimedTwo(t)
+			c.publish(t, "a5", 1)
 			r.Rescan()
 			claim("6") // the wake-up's full scan: row 6 sorts first
 			// Row 7 is published while row 3's claim runs, after its
@@ -345,7 +315,7 @@ func TestWakeDuringRescan(t *testing.T) {
 					published = make(chan error, 1)
 					r.Rescan()
 					go func() {
-						published <- b.Publish(ctx, db, tb, map[string]any{"account": "a6", "prio": 1})
+						published <- c.b.Publish(ctx, c.db, c.tb, map[string]any{"account": "a6", "prio": 1})
 					}()
 				}
 			})
@@ -372,12 +342,10 @@ func TestPriorityJumpsBacklog(t *testing.T) {
 	ctx := context.Background()
 	for _, c := range prioTables(t, "fx_jump") {
 		t.Run(c.name, func(t *testing.T) {
-			db, b, tb := c.db, c.b, c.tb
+			b, tb := c.b, c.tb
 			const backlog = 50
 			for i := range backlog {
-				if err := b.Publish(ctx, db, tb, map[string]any{"account": fmt.Sprint("backlog-", i), "prio": 0}); err != nil {
-					t.Fatal(err)
-				}
+				c.publish(t, fmt.Sprint("backlog-", i), 0)
 			}
 			order := make(chan string, backlog+1)
 			first := make(chan struct{})
@@ -403,9 +371,7 @@ func TestPriorityJumpsBacklog(t *testing.T) {
 			}
 			defer s.Stop(ctx)
 			<-first
-			if err := b.Publish(ctx, db, tb, map[string]any{"account": "urgent", "prio": 1}); err != nil {
-				t.Fatal(err)
-			}
+			c.publish(t, "urgent", 1)
 			close(release)
 			deadline := time.After(30 * time.Second)
 			for i := 1; i <= backlog+1; i++ {
@@ -437,6 +403,33 @@ type prioTable struct {
 	db   *sqlx.DB
 	b    *sqlxbroker.Broker
 	tb   sqlxbroker.Table
+}
+
+// publish publishes one row of account at prio to c's table.
+func (c prioTable) publish(t *testing.T, account string, prio int) {
+	t.Helper()
+	if err := c.b.Publish(context.Background(), c.db, c.tb, map[string]any{"account": account, "prio": prio}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// claimedTwo publishes rows 1 to 5 at prio 0 to c's table, starts its
+// form, claims rows 1 and 2 (the cursor is then at row 2), and returns
+// the claim function (claimOne) and the form's Rescanner.
+func (c prioTable) claimedTwo(t *testing.T) (func(want string), core.Rescanner) {
+	t.Helper()
+	for i := range 5 {
+		c.publish(t, fmt.Sprint("a", i), 0)
+	}
+	f := conformance.StartForm(t, c.b, c.tb)
+	r := core.RescannerOf(f)
+	if r == nil {
+		t.Fatal("no Rescanner for a table ordered by prio")
+	}
+	claim := claimOne(t, f)
+	claim("1")
+	claim("2")
+	return claim, r
 }
 
 // prioTables makes a table named name, ordered by priority, for each form

@@ -239,16 +239,14 @@ func (c *cursor) rescanned(p *core.Plan, keep rescanOf, v []any, full bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	woken := c.wakes != keep
-	switch {
-	case v == nil:
-		c.rescan = c.rescan && woken
-	case c.at == nil:
-		c.at, c.rescan = v, c.rescan && woken
-	case before(p, v, c.at):
+	if v != nil && c.at != nil && before(p, v, c.at) {
 		c.rescan = c.rescan && (full || woken)
-	default:
-		c.at, c.rescan = v, c.rescan && woken
+		return
 	}
+	if v != nil {
+		c.at = v
+	}
+	c.rescan = c.rescan && woken
 }
 
 // rescannedHook, when set (by tests), runs as a rescan's claim reports

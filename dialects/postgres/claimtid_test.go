@@ -215,7 +215,7 @@ func TestLeaseClaimByAddressPassesOverUpdated(t *testing.T) {
 	go func() {
 		where, args := p.Ready(p.Alias, core.Now())
 		// The scan waits at row 1, after the statement's snapshot.
-		where += fmt.Sprintf(" AND (c.id <> 1 OR pg_advisory_xact_lock(%d) IS NOT NULL)", key)
+		where += fmt.Sprintf(" AND (%s.%s <> 1 OR pg_advisory_xact_lock(%d) IS NOT NULL)", p.Alias, p.QID, key)
 		rows, err := postgres.Dialect{}.ClaimLeases(ctx, db, &core.LeaseClaimParams{Plan: p, Where: where, Args: args,
 			Limit: 3, Deadline: p.Time(time.Now().Add(time.Minute))})
 		if err != nil {
@@ -258,7 +258,7 @@ func TestLeaseClaimByAddressPassesOverUpdated(t *testing.T) {
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	if len(r.ids) != 2 || r.ids[0] != 2 || r.ids[1] != 3 {
+	if !slices.Equal(r.ids, []int64{2, 3}) {
 		t.Errorf("claimed %v, want rows 2 and 3 (row 1 passed over)", r.ids)
 	}
 	var n, attempt int64
