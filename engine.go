@@ -46,7 +46,8 @@ type SubscribeParams struct {
 	// handlers and its error. It runs on the claiming goroutine (several
 	// may claim at once) before the rows' handlers start, so it should
 	// not block. The rows of every call
-	// sum to Stats.Claimed; the calls with an error count ClaimErrors.
+	// sum to Stats.Claimed; the calls with an error count ClaimErrors,
+	// or Conflicts when the error is ErrConflict.
 	OnClaim func(ClaimInfo)
 	// Logger receives claim and completion errors and failed deliveries;
 	// default slog.Default().
@@ -116,9 +117,11 @@ type ClaimInfo struct {
 	Duration time.Duration // the claim's time, from the form's Claim call to its return
 	Rows     int           // the rows claimed and handed to handlers
 	Asked    int           // the most rows the claim asked for
-	// Err is the claim's error (counted in Stats.ClaimErrors); nil when it
-	// succeeded or was only cut short by the subscription's stop. Rows may
-	// be claimed along with an error.
+	// Err is the claim's error, counted in Stats.ClaimErrors, or in
+	// Stats.Conflicts when it is ErrConflict (the claim lost to a
+	// concurrent transaction and is made again); nil when it succeeded or
+	// was only cut short by the subscription's stop. Rows may be claimed
+	// along with an error.
 	Err error
 }
 

@@ -28,6 +28,7 @@
 //	sqlxbroker.lease_lost         counter   {delivery}  completions that found the hold lost
 //	sqlxbroker.completion_errors  counter   {delivery}  completions that failed otherwise
 //	sqlxbroker.claim_errors       counter   {claim}     claims that failed
+//	sqlxbroker.claim_conflicts    counter   {claim}     claims lost to a concurrent transaction (ErrConflict), made again
 //	sqlxbroker.panics             counter   {delivery}  handler panics (also retried or dead)
 //	sqlxbroker.handler.duration   histogram s           a handler's run
 //	sqlxbroker.claim.duration     histogram s           one claim (a batch, or one row in row-lock)
@@ -114,6 +115,7 @@ const (
 	cLeaseLost
 	cCompleteErrs
 	cClaimErrs
+	cConflicts
 	cPanics
 	nCounters
 )
@@ -128,6 +130,7 @@ var counterDefs = [nCounters]struct{ name, unit, desc string }{
 	cLeaseLost:    {"sqlxbroker.lease_lost", "{delivery}", "Completions that found the row's hold lost."},
 	cCompleteErrs: {"sqlxbroker.completion_errors", "{delivery}", "Completions that failed."},
 	cClaimErrs:    {"sqlxbroker.claim_errors", "{claim}", "Claims that failed."},
+	cConflicts:    {"sqlxbroker.claim_conflicts", "{claim}", "Claims lost to a concurrent transaction and made again."},
 	cPanics:       {"sqlxbroker.panics", "{delivery}", "Handler panics."},
 }
 
@@ -343,7 +346,11 @@ func (w *wrapped) claim(c sqlxbroker.ClaimInfo) {
 	if c.Rows > 0 {
 		w.n.n[cClaimed].Add(int64(c.Rows))
 	}
-	if c.Err != nil {
+	switch {
+	case c.Err == nil:
+	case errors.Is(c.Err, sqlxbroker.ErrConflict):
+		w.n.n[cConflicts].Add(1)
+	default:
 		w.n.n[cClaimErrs].Add(1)
 	}
 	if w.onClaim != nil {

@@ -218,7 +218,8 @@ func drain(t *testing.T, b *sqlxbroker.Broker, f sqlxbroker.Form) {
 	for name, w := range map[string]int64{
 		"sqlxbroker.claimed": want, "sqlxbroker.succeeded": rows - permanent, "sqlxbroker.retried": failOnce,
 		"sqlxbroker.dead": permanent, "sqlxbroker.snoozed": 0, "sqlxbroker.released": 0, "sqlxbroker.lease_lost": 0,
-		"sqlxbroker.completion_errors": 0, "sqlxbroker.claim_errors": st.ClaimErrors, "sqlxbroker.panics": 0,
+		"sqlxbroker.completion_errors": 0, "sqlxbroker.claim_errors": st.ClaimErrors, "sqlxbroker.claim_conflicts": st.Conflicts,
+		"sqlxbroker.panics": 0,
 	} {
 		if got := sum(t, rm, name, attrs); got != w {
 			t.Errorf("%s = %d, want %d", name, got, w)
@@ -431,6 +432,42 @@ func TestPanic(t *testing.T) {
 
 //go:noinline
 func panicking() { panic("boom") }
+
+// TestClaimConflictsCountedApart: a claim that failed with ErrConflict
+// (lost to a concurrent transaction and made again; Stats.Conflicts) is
+// counted in sqlxbroker.claim_conflicts, not in sqlxbroker.claim_errors,
+// as Stats counts it; other errors count claim_errors; the user's own
+// OnClaim still sees every call.
+func TestClaimConflictsCountedApart(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	inst, err := otelbroker.New(otelbroker.Options{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := sqlxbroker.Table{Name: "conflicts", LockedUntil: "locked_until"}
+	var seen int
+	_, p := inst.Wrap(tb, nil, sqlxbroker.SubscribeParams{OnClaim: func(sqlxbroker.ClaimInfo) { seen++ }})
+	p.OnClaim(sqlxbroker.ClaimInfo{Rows: 3, Asked: 8})
+	p.OnClaim(sqlxbroker.ClaimInfo{Asked: 8, Err: fmt.Errorf("claim: %w", sqlxbroker.ErrConflict)})
+	p.OnClaim(sqlxbroker.ClaimInfo{Asked: 8, Err: fmt.Errorf("claim: %w", sqlxbroker.ErrConflict)})
+	p.OnClaim(sqlxbroker.ClaimInfo{Asked: 8, Err: errors.New("connection refused")})
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	attrs := attribute.NewSet(otelbroker.TableKey.String(tb.Name), otelbroker.FormKey.String("lease"))
+	for name, w := range map[string]int64{"sqlxbroker.claimed": 3, "sqlxbroker.claim_conflicts": 2, "sqlxbroker.claim_errors": 1} {
+		if got := sum(t, rm, name, attrs); got != w {
+			t.Errorf("%s = %d, want %d", name, got, w)
+		}
+	}
+	if got := histCount(t, rm, "sqlxbroker.claim.duration", attrs); got != 4 {
+		t.Errorf("sqlxbroker.claim.duration: %d recorded, want 4", got)
+	}
+	if seen != 4 {
+		t.Errorf("the user's OnClaim saw %d calls, want 4", seen)
+	}
+}
 
 // TestLibraryImportsNoOpenTelemetry: the library's packages (all but this
 // one and the command) compile none of OpenTelemetry, so an application
