@@ -44,8 +44,10 @@ type SubscribeParams struct {
 	// (one statement round of the form: a batch, or one row in the
 	// row-lock form) with how long it took, how many rows it handed to
 	// handlers and its error. It runs on the claiming goroutine (several
-	// may claim at once) before the rows' handlers start, so it should
-	// not block. The rows of every call
+	// may claim at once), so it should not block: before the rows'
+	// handlers start, except for the claims of several rows a row-lock
+	// subscription makes, which hand each row to its handler as soon as
+	// it is claimed (core.ClaimStreamer). The rows of every call
 	// sum to Stats.Claimed; the calls with an error count ClaimErrors,
 	// or Conflicts when the error is ErrConflict.
 	OnClaim func(ClaimInfo)
@@ -161,8 +163,9 @@ type Subscription struct {
 	dry        atomic.Bool    // the last claim found fewer rows than asked
 
 	wake       chan struct{}
-	wakeIn     chan struct{}  // where wake-ups arrive: wake, or the forwarder's (rescan)
-	rescan     core.Rescanner // the form's, when its claims must rescan on a wake-up
+	wakeIn     chan struct{}      // where wake-ups arrive: wake, or the forwarder's (rescan)
+	rescan     core.Rescanner     // the form's, when its claims must rescan on a wake-up
+	stream     core.ClaimStreamer // the form's, when it hands rows on as it claims them (row by row only)
 	freed      chan struct{}
 	unreserved chan struct{} // a claim gave back handlers it reserved
 	queueMu    sync.Mutex
@@ -210,6 +213,9 @@ func subscribe(ctx context.Context, form core.ClaimForm, t Table, h Handler, p S
 		if tr.ClaimsAtOnceBelow > 0 && s.p.BatchSize >= tr.ClaimsAtOnceBelow {
 			s.claimers = 1
 		}
+	}
+	if !s.batching {
+		s.stream = core.ClaimStreamerOf(form)
 	}
 	s.claimCtx, s.stopClaims = context.WithCancel(context.Background())
 	s.hardCtx, s.hardCancel = context.WithCancel(context.Background())
@@ -372,16 +378,15 @@ func (s *Subscription) loop(first bool) {
 		s.reserved.Add(int64(n))
 		s.reserveMu.Unlock()
 		began := time.Now()
-		claims, err := s.claim(n)
+		got, err := s.claimStart(n)
 		took = time.Since(began)
-		s.start(claims)
 		s.reserved.Add(-int64(n))
-		if len(claims) < n && s.claimers > 1 {
+		if got < n && s.claimers > 1 {
 			// Handlers reserved and not filled are free again for a loop
 			// that waits for them.
 			wake.Signal(s.unreserved)
 		}
-		if !first && (err != nil || len(claims) < n) {
+		if !first && (err != nil || got < n) {
 			if err != nil && s.claimCtx.Err() == nil {
 				s.claimFailed(err)
 			}
@@ -406,10 +411,10 @@ func (s *Subscription) loop(first bool) {
 		}
 		conflicts = 0
 		switch {
-		case len(claims) == n:
+		case got == n:
 			idle = s.p.MinPollInterval
 			s.dry.Store(false)
-		case len(claims) > 0:
+		case got > 0:
 			// Fewer rows than asked: more may become ready when work in
 			// flight completes (a FIFO group's next head, a freed key).
 			idle = s.p.MinPollInterval
@@ -481,12 +486,39 @@ func (s *Subscription) claim(n int) ([]core.Claim, error) {
 	}
 	start := time.Now()
 	claims, err := s.form.Claim(s.claimCtx, n)
-	info := ClaimInfo{Duration: time.Since(start), Rows: len(claims), Asked: n}
+	s.reportClaim(start, len(claims), n, err)
+	return claims, err
+}
+
+// claimStart claims up to n rows for free handlers and starts them: each
+// as soon as it is claimed where the form hands its rows on one by one
+// (core.ClaimStreamer), else all of them once the claim returns. It
+// reports to OnClaim when set, and returns how many rows it started.
+func (s *Subscription) claimStart(n int) (int, error) {
+	if s.stream == nil {
+		claims, err := s.claim(n)
+		s.start(claims)
+		return len(claims), err
+	}
+	var start time.Time
+	if s.p.OnClaim != nil {
+		start = time.Now()
+	}
+	got, err := s.stream.ClaimEach(s.claimCtx, n, func(c core.Claim) { s.start([]core.Claim{c}) })
+	if s.p.OnClaim != nil {
+		s.reportClaim(start, got, n, err)
+	}
+	return got, err
+}
+
+// reportClaim reports a claim that began at start, asked for n rows and
+// handed got to handlers, to OnClaim.
+func (s *Subscription) reportClaim(start time.Time, got, n int, err error) {
+	info := ClaimInfo{Duration: time.Since(start), Rows: got, Asked: n}
 	if err != nil && s.claimCtx.Err() == nil {
 		info.Err = err
 	}
 	s.p.OnClaim(info)
-	return claims, err
 }
 
 // conflictsAtOnce is how many claims in a row that end in ErrConflict are

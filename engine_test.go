@@ -500,3 +500,60 @@ func TestClaimLeast(t *testing.T) {
 		}
 	}
 }
+
+// streamForm is a memForm that claims row by row and hands each row on as
+// it claims it (core.ClaimStreamer); after the first row of a claim it
+// waits until that row's handler has started.
+type streamForm struct {
+	memForm
+	started  chan struct{} // closed by the first handler that starts
+	streamed atomic.Int64  // ClaimEach calls
+	early    atomic.Int64  // ClaimEach calls that saw their first row's handler start before they returned
+}
+
+func (f *streamForm) ClaimEach(ctx context.Context, max int, found func(core.Claim)) (int, error) {
+	f.streamed.Add(1)
+	n := 0
+	for n < max {
+		cs, err := f.Claim(ctx, 1)
+		if err != nil || len(cs) == 0 {
+			return n, err
+		}
+		found(cs[0])
+		if n++; n == 1 {
+			select {
+			case <-f.started:
+				f.early.Add(1)
+			case <-time.After(10 * time.Second):
+			}
+		}
+	}
+	return n, nil
+}
+
+// TestEngineStartsStreamedRows: a form that claims row by row and hands
+// each row on as it claims it (core.ClaimStreamer) has the row's handler
+// started while its claim goes on, not once the claim returns; every row
+// is still claimed and completed once, and OnClaim's rows sum to the rows
+// claimed.
+func TestEngineStartsStreamedRows(t *testing.T) {
+	f := &streamForm{started: make(chan struct{})}
+	var once atomic.Bool
+	var rows atomic.Int64
+	h := func(context.Context, *Delivery) error {
+		if once.CompareAndSwap(false, true) {
+			close(f.started)
+		}
+		return nil
+	}
+	runOn(t, f, &f.memForm, 200, h, SubscribeParams{Concurrency: 8, OnClaim: func(c ClaimInfo) { rows.Add(int64(c.Rows)) }})
+	if f.streamed.Load() == 0 {
+		t.Fatal("the engine never called ClaimEach of a form that has it")
+	}
+	if f.early.Load() == 0 {
+		t.Errorf("in none of %d streamed claims did the first row's handler start before the claim returned", f.streamed.Load())
+	}
+	if rows.Load() != 200 {
+		t.Errorf("OnClaim's rows sum to %d, want 200", rows.Load())
+	}
+}

@@ -156,19 +156,51 @@ type Rescanner interface {
 
 // RescannerOf returns f's Rescanner, looking through wrappers that have
 // an Unwrap() ClaimForm method; nil when it has none.
-func RescannerOf(f ClaimForm) Rescanner {
+func RescannerOf(f ClaimForm) Rescanner { return capabilityOf[Rescanner](f) }
+
+// capabilityOf returns f's capability T, looking through wrappers that
+// have an Unwrap() ClaimForm method; the zero T when it has none.
+func capabilityOf[T any](f ClaimForm) T {
 	for f != nil {
-		if r, ok := f.(Rescanner); ok {
-			return r
+		if c, ok := f.(T); ok {
+			return c
 		}
 		u, ok := f.(interface{ Unwrap() ClaimForm })
 		if !ok {
-			return nil
+			break
 		}
 		f = u.Unwrap()
 	}
-	return nil
+	var none T
+	return none
 }
+
+// ClaimStreamer is an optional capability of a ClaimForm that claims
+// row by row (Traits.Batches false), each row in a step of its own (the
+// row-lock form: a transaction, and so a connection, per row): it hands
+// each row on as soon as it is claimed, so the row's handler starts while
+// the claim goes on for the rest, rather than when the last of them is
+// claimed (a claim of several rows that each open a new connection takes
+// as long as the slowest of them, and more).
+//
+// ClaimEach claims as Claim does, up to max rows (max >= 1), and calls
+// found once with each row claimed, before ClaimEach returns; found may be
+// called from several goroutines at once and must not block. It returns
+// how many rows it handed to found and its error: rows are handed on
+// whether or not an error follows, and none and nil mean nothing was
+// ready. Every row Claim could return is handed to found instead; none is
+// returned. The engine uses ClaimEach for the claims its loop makes and
+// Claim where it wants one row back (a worker's next row). ClaimStreamerOf
+// finds it.
+type ClaimStreamer interface {
+	ClaimEach(ctx context.Context, max int, found func(Claim)) (int, error)
+}
+
+// ClaimStreamerOf returns f's ClaimStreamer, looking through wrappers that
+// have an Unwrap() ClaimForm method (a wrapper that changes what Claim
+// does must implement ClaimEach itself, or have no Unwrap); nil when it
+// has none.
+func ClaimStreamerOf(f ClaimForm) ClaimStreamer { return capabilityOf[ClaimStreamer](f) }
 
 // ClaimForm is a claim form bound to one table and one database.
 type ClaimForm interface {

@@ -215,9 +215,23 @@ const claimers = 8
 // an empty or nearly empty table costs one connection, not claimers. It
 // stops once a claim finds nothing.
 func (f *rowLock) Claim(ctx context.Context, max int) ([]core.Claim, error) {
+	var mu sync.Mutex
+	var out []core.Claim
+	_, err := f.ClaimEach(ctx, max, func(c core.Claim) {
+		mu.Lock()
+		out = append(out, c)
+		mu.Unlock()
+	})
+	return out, err
+}
+
+// ClaimEach is Claim handing each row to found as its claimer takes it
+// (core.ClaimStreamer): the first row's handler starts while the other
+// claimers still open their connections.
+func (f *rowLock) ClaimEach(ctx context.Context, max int, found func(core.Claim)) (int, error) {
 	var (
 		mu      sync.Mutex
-		out     []core.Claim
+		n       int
 		errs    error
 		left    = max   // claims not yet started
 		running = 0     // claimers at work
@@ -247,7 +261,7 @@ func (f *rowLock) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 			case c == nil:
 				dry = true
 			default:
-				out = append(out, c)
+				n++
 				// A row found: another claimer may find the next.
 				if running < claimers && left > running {
 					running++
@@ -256,13 +270,16 @@ func (f *rowLock) Claim(ctx context.Context, max int) ([]core.Claim, error) {
 				}
 			}
 			mu.Unlock()
+			if c != nil {
+				found(c)
+			}
 		}
 	}
 	running = 1
 	wg.Add(1)
 	claimer()
 	wg.Wait()
-	return out, errs
+	return n, errs
 }
 
 func (f *rowLock) claimOne(ctx context.Context) (core.Claim, error) {

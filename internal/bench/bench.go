@@ -223,8 +223,11 @@ type Result struct {
 	// last of them was handled (seconds from the steady phase's start).
 	BacklogRows    int     `json:"backlog_rows,omitempty"`
 	BacklogDrained float64 `json:"backlog_drained_s,omitempty"`
-	Pruned         int64   `json:"pruned,omitempty"`     // rows Broker.Prune deleted (Config.PruneEvery)
-	Autovacuum     string  `json:"autovacuum,omitempty"` // PostgreSQL's autovacuum setting during a steady run
+	// SubscribeMs, in steady mode, is how long Subscribe took (the form's
+	// checks and start); the steady messages are due from its return.
+	SubscribeMs float64 `json:"subscribe_ms,omitempty"`
+	Pruned      int64   `json:"pruned,omitempty"`     // rows Broker.Prune deleted (Config.PruneEvery)
+	Autovacuum  string  `json:"autovacuum,omitempty"` // PostgreSQL's autovacuum setting during a steady run
 }
 
 func (c *Config) defaults() error {

@@ -192,7 +192,13 @@ func steady(ctx context.Context, c Config, b *sqlxbroker.Broker, t sqlxbroker.Ta
 		}()
 	}
 
-	c.Logf("publishing %d/s for %v", c.Rate, c.Duration)
+	// The messages are due from now on, once the subscription has
+	// started, not from begin: the messages due while Subscribe ran would
+	// go out in one statement, a burst the handlers take one after
+	// another rather than a steady rate.
+	sched := time.Now()
+	r.SubscribeMs = float64(sched.Sub(begin).Microseconds()) / 1000
+	c.Logf("subscribed in %.1f ms; publishing %d/s for %v", r.SubscribeMs, c.Rate, c.Duration)
 	var pubErr error
 	msgs := make([]any, 0, 1000)
 	// Rate x Duration messages in all: those due by now (the first at
@@ -200,7 +206,7 @@ func steady(ctx context.Context, c Config, b *sqlxbroker.Broker, t sqlxbroker.Ta
 	// the last included; sleep until the next is due when none is.
 	total := int64(float64(c.Rate) * c.Duration.Seconds())
 	for i := 0; int64(i) < total; {
-		el := time.Since(begin)
+		el := time.Since(sched)
 		due := min(int64(float64(c.Rate)*el.Seconds())+1, total) - int64(i)
 		if due <= 0 {
 			next := time.Duration(float64(i) / float64(c.Rate) * float64(time.Second))
