@@ -504,7 +504,12 @@ func (s *Subscription) claimStart(n int) (int, error) {
 	if s.p.OnClaim != nil {
 		start = time.Now()
 	}
-	got, err := s.stream.ClaimEach(s.claimCtx, n, func(c core.Claim) { s.start([]core.Claim{c}) })
+	got, err := s.stream.ClaimEach(s.claimCtx, n, func(c core.Claim) {
+		// A row found: its worker, done before the claim ends, claims
+		// its next row itself (next) rather than wait for this loop.
+		s.dry.Store(false)
+		s.start([]core.Claim{c})
+	})
 	if s.p.OnClaim != nil {
 		s.reportClaim(start, got, n, err)
 	}
