@@ -44,10 +44,10 @@ type SubscribeParams struct {
 	// (one statement round of the form: a batch, or one row in the
 	// row-lock form) with how long it took, how many rows it handed to
 	// handlers and its error. It runs on the claiming goroutine (several
-	// may claim at once), so it should not block: before the rows'
-	// handlers start, except for the claims of several rows a row-lock
-	// subscription makes, which hand each row to its handler as soon as
-	// it is claimed (core.ClaimStreamer). The rows of every call
+	// may claim at once), so it should not block, and before the rows'
+	// handlers start, except after a row-lock subscription's claims of
+	// several rows, which hand each row to its handler as soon as it is
+	// claimed (core.ClaimStreamer). The rows of every call
 	// sum to Stats.Claimed; the calls with an error count ClaimErrors,
 	// or Conflicts when the error is ErrConflict.
 	OnClaim func(ClaimInfo)
@@ -116,7 +116,7 @@ func DefaultRetryDelay(attempt int, _ error) time.Duration {
 
 // ClaimInfo is what SubscribeParams.OnClaim learns of one claim.
 type ClaimInfo struct {
-	Duration time.Duration // the claim's time, from the form's Claim call to its return
+	Duration time.Duration // the claim's time, from the form's Claim (or ClaimEach) call to its return
 	Rows     int           // the rows claimed and handed to handlers
 	Asked    int           // the most rows the claim asked for
 	// Err is the claim's error, counted in Stats.ClaimErrors, or in
