@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,9 +33,15 @@ func TestPreparedRowLock(t *testing.T) {
 			publish(t, ba, tbl, accounts(0, n))
 			var mu sync.Mutex
 			done := map[int64]int{}
+			var empty atomic.Int64 // claims that found nothing
 			s, err := b.Subscribe(context.Background(), tbl, func(ctx context.Context, d *sqlxbroker.Delivery) error { return nil },
 				sqlxbroker.SubscribeParams{Concurrency: 4, PollInterval: 20 * time.Millisecond, MinPollInterval: time.Millisecond,
 					Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+					OnClaim: func(c sqlxbroker.ClaimInfo) {
+						if c.Rows == 0 && c.Err == nil {
+							empty.Add(1)
+						}
+					},
 					OnOutcome: func(d *sqlxbroker.Delivery, o sqlxbroker.Outcome, err error) {
 						if err == nil && o.Kind == sqlxbroker.Succeeded {
 							mu.Lock()
@@ -46,7 +53,20 @@ func TestPreparedRowLock(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer stopAll(t, []*sqlxbroker.Subscription{s})
-			waitFor(t, 20*time.Second, "the first rows completed", func() bool { return count(t, admin, tbl.Name) == 0 })
+			waitFor(t, 20*time.Second, "the first rows completed", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(done) == n
+			})
+			// Two more claims that find nothing: the second began after
+			// every worker was done, and a claim that finds nothing rolls
+			// back the chained transactions kept for the next claims. A
+			// claim on one of those after the change would fail, drop its
+			// prepared statement and claim again unseen; the first claim
+			// after the change then begins a transaction of its own, on a
+			// connection that prepared the statement before, and fails.
+			e0 := empty.Load()
+			waitFor(t, 20*time.Second, "two idle claims", func() bool { return empty.Load() >= e0+2 })
 			if _, err := admin.Exec("ALTER TABLE " + postgres.Dialect{}.QuoteIdent(tbl.Name) + " ADD COLUMN extra text"); err != nil {
 				t.Fatal(err)
 			}
