@@ -160,7 +160,7 @@ type Subscription struct {
 	batching   bool           // the form claims batches (core.Traits)
 	claimers   int            // claim loops (core.Traits.ClaimsAtOnce)
 	halves     bool           // claims take at most half a large batch (core.Traits.HalfBatches)
-	dry        atomic.Bool    // the last claim found fewer rows than asked
+	dry        atomic.Bool    // a worker's next claim found nothing, and no rows were started since
 
 	wake       chan struct{}
 	wakeIn     chan struct{}      // where wake-ups arrive: wake, or the forwarder's (rescan)
@@ -413,7 +413,6 @@ func (s *Subscription) loop(first bool) {
 		switch {
 		case got == n:
 			idle = s.p.MinPollInterval
-			s.dry.Store(false)
 		case got > 0:
 			// Fewer rows than asked: more may become ready when work in
 			// flight completes (a FIFO group's next head, a freed key).
@@ -504,12 +503,7 @@ func (s *Subscription) claimStart(n int) (int, error) {
 	if s.p.OnClaim != nil {
 		start = time.Now()
 	}
-	got, err := s.stream.ClaimEach(s.claimCtx, n, func(c core.Claim) {
-		// A row found: its worker, done before the claim ends, claims
-		// its next row itself (next) rather than wait for this loop.
-		s.dry.Store(false)
-		s.start([]core.Claim{c})
-	})
+	got, err := s.stream.ClaimEach(s.claimCtx, n, func(c core.Claim) { s.start([]core.Claim{c}) })
 	if s.p.OnClaim != nil {
 		s.reportClaim(start, got, n, err)
 	}
@@ -592,6 +586,9 @@ func (s *Subscription) start(claims []core.Claim) {
 	if len(claims) == 0 {
 		return
 	}
+	// Rows found: their workers claim their next rows themselves (next),
+	// even those done before the claim that found them has ended.
+	s.dry.Store(false)
 	s.claimed.Add(int64(len(claims)))
 	s.inflight.Add(int64(len(claims)))
 	s.queueMu.Lock()
