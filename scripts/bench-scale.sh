@@ -15,12 +15,17 @@
 #   bash scripts/bench-scale.sh            # both databases, ROUNDS=3
 #   bash scripts/bench-scale.sh postgres   # one of them
 #
+# SCALE multiplies the rows of every drain (default 1): on a machine that
+# drains a set's rows in under a second, SCALE=4 keeps each run long
+# enough that starting and ending the processes weigh little.
+#
 # DSNs as scripts/bench-sweep.sh sets them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 what=${1:-all}
 ROUNDS=${ROUNDS:-3}
+SCALE=${SCALE:-1}
 OUT=${OUT:-/var/tmp/sqlxbroker-bench}
 mkdir -p "$OUT"
 PG=${SQLXBROKER_POSTGRES_DSN:-postgres://root@127.0.0.1:5432/test?sslmode=disable}
@@ -44,6 +49,7 @@ for db in postgres mysql; do
 	postgres) dsn=$PG; big=100000; adv=50000; rl=20000 ;;
 	mysql) dsn=$MY; big=50000; adv=50000; rl=10000 ;;
 	esac
+	big=$((big * SCALE)) adv=$((adv * SCALE)) rl=$((rl * SCALE))
 	for share in "" --share-cpus; do
 		run "$db procs lease $share" --driver $db --dsn "$dsn" --form lease --concurrency 1000 --rows $big --procs-compare 4 --procs-apart --rounds "$ROUNDS" $share
 		run "$db procs row-lock $share" --driver $db --dsn "$dsn" --form row-lock --concurrency 32 --rows $rl --procs-compare 4 --procs-apart --rounds "$ROUNDS" $share
