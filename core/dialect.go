@@ -70,6 +70,17 @@ type RowLockSQL struct {
 	// Prepare: statements may be prepared once per connection; false where
 	// they do not survive (a pooler in transaction mode).
 	Prepare bool
+	// ByID: a claim from the cursor locks its row by ID, the first it can
+	// among a few candidates read without locks (a read of a page of
+	// them serves many claims), not by a range from the cursor. For a
+	// server whose optimizer estimates the rows of a range on every
+	// statement by descending the index to both of its ends (MariaDB):
+	// those descents latch the pages at the head of the queue, where
+	// every claim transaction locks and deletes, while an equality on
+	// the key is estimated without them. Full scans (periodic, or after
+	// a wake-up) still read a range, as do the claims of a table ordered
+	// by more than its ID and of a FIFO table.
+	ByID bool
 }
 
 // LeaseClaimParams is the input of Leaser.ClaimLeases. Where is the

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -576,6 +577,78 @@ func TestHalfBatches(t *testing.T) {
 			if got := f.Traits().HalfBatches; got != want {
 				t.Errorf("Traits().HalfBatches = %v, want %v", got, want)
 			}
+		})
+	}
+}
+
+// TestRowLockByID: where the dialect asks for it (core.RowLockSQL.ByID),
+// row-lock claims from the cursor lock their rows by ID among candidates
+// read without locks. A candidate locked elsewhere is passed over, as a
+// range claim passes over it, and once free it is claimed by the next full
+// scan (here the one a claim makes when nothing is ahead of the cursor).
+func TestRowLockByID(t *testing.T) {
+	t.Cleanup(func() { forms.SetFullScanEvery(100 * time.Millisecond) })
+	ctx := context.Background()
+	for _, c := range formTables(t, []sqlxbroker.Table{{Name: "fx_byid_rowlock"}}, [2]string{"account", "text"}) {
+		t.Run(c.name, func(t *testing.T) {
+			forms.SetFullScanEvery(time.Hour)
+			var byID atomic.Int64
+			forms.SetByIDHook(t, func() { byID.Add(1) })
+			db, b, tb := c.db, c.b, c.tb
+			pool := core.NewPool(db, b.Dialect())
+			defer pool.Close()
+			rl, err := core.CapabilitiesOf(b.Dialect()).RowLocker.RowLock(ctx, pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range 6 {
+				if err := b.Publish(ctx, db, tb, map[string]any{"account": fmt.Sprint("a", i)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f := conformance.StartForm(t, b, tb)
+			var held []core.Claim
+			t.Cleanup(func() {
+				for _, c := range held {
+					_ = conformance.Complete(ctx, c, sqlxbroker.Outcome{Kind: sqlxbroker.Released})
+				}
+			})
+			claim := func(want string) {
+				t.Helper()
+				cs, err := f.Claim(ctx, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var got string
+				if len(cs) == 1 {
+					got = fmt.Sprint(sqlxbroker.NewDelivery(cs[0]).ID())
+					held = append(held, cs[0])
+				}
+				if len(cs) > 1 || got != want {
+					t.Fatalf("claimed %d rows (%q), want row %q", len(cs), got, want)
+				}
+			}
+			claim("1") // the first claim scans from the first row
+			other, err := db.BeginTxx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer other.Rollback()
+			q := b.Dialect().QuoteIdent(tb.Name)
+			if _, err := other.ExecContext(ctx, db.Rebind("SELECT id FROM "+q+" WHERE id = ? FOR UPDATE"), 3); err != nil {
+				t.Fatal(err)
+			}
+			for _, want := range []string{"2", "4", "5", "6"} {
+				claim(want)
+			}
+			if got := byID.Load(); rl.ByID && got != 4 || !rl.ByID && got != 0 {
+				t.Errorf("%d rows claimed by ID, the dialect's RowLockSQL.ByID %v: want 4 with it, 0 without", got, rl.ByID)
+			}
+			if err := other.Rollback(); err != nil {
+				t.Fatal(err)
+			}
+			claim("3") // nothing ahead of the cursor: from the first row
+			claim("")
 		})
 	}
 }

@@ -18,6 +18,13 @@ func SetRescannedHook(t testing.TB, fn func()) {
 	rescannedHook = fn
 }
 
+// SetByIDHook runs fn for each row a row-lock claim locks by ID
+// (core.RowLockSQL.ByID), until t ends.
+func SetByIDHook(t testing.TB, fn func()) {
+	t.Cleanup(func() { byIDHook = nil })
+	byIDHook = fn
+}
+
 // SetFloorEvery sets how long a floor serves full scans before it is read
 // again.
 func SetFloorEvery(d time.Duration) { floorEvery = d }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -25,6 +26,10 @@ type rowLock struct {
 	chain  string // COMMIT AND CHAIN; "" for none
 	mu     sync.Mutex
 	spares []*claimTx // chained transactions waiting for their next claim
+
+	byID  bool       // claims from the cursor lock by ID (core.RowLockSQL.ByID)
+	cmu   sync.Mutex // guards cands
+	cands []any      // with byID: candidate IDs read from the cursor, in claim order, not yet tried
 
 	prepare  bool // the dialect lets forms prepare statements
 	smu      sync.Mutex
@@ -70,6 +75,10 @@ func (f *rowLock) Start(ctx context.Context) error {
 		return fmt.Errorf("sqlxbroker: row-lock form on %s: %w", f.plan.Table, err)
 	}
 	f.skip, f.chain, f.prepare = rl.SkipLocked, rl.ChainCommit, rl.Prepare
+	// By ID only in ID order: a statement whose order is not the key's
+	// would lock every candidate it reads before it sorts them, and keep
+	// all but the first locked.
+	f.byID = rl.ByID && f.plan.OrderIsID()
 	return nil
 }
 
@@ -335,8 +344,16 @@ func (f *rowLock) claimIn(ctx context.Context, t *claimTx) (core.Claim, error) {
 			var fromArgs []any
 			var full bool
 			from, fromArgs, keep, full = f.scan.from(p, p.Alias, retry)
-			rows, err = f.query(ctx, t, p.Rebind("SELECT * FROM "+p.QTable+" "+p.Alias+" WHERE "+where+from+
-				" ORDER BY "+p.OrderBy(p.Alias)+" LIMIT 1 "+f.skip), append(args, fromArgs...))
+			if f.byID && !full {
+				rows, err = f.claimByID(ctx, t, where, args, from, fromArgs)
+			} else {
+				if f.byID {
+					// The cursor may move back: candidates are read anew.
+					f.dropCandidates()
+				}
+				rows, err = f.query(ctx, t, p.Rebind("SELECT * FROM "+p.QTable+" "+p.Alias+" WHERE "+where+from+
+					" ORDER BY "+p.OrderBy(p.Alias)+" LIMIT 1 "+f.skip), append(args, fromArgs...))
+			}
 			if err != nil || len(rows) > 0 || full {
 				break
 			}
@@ -368,6 +385,119 @@ func (f *rowLock) claimIn(ctx context.Context, t *claimTx) (core.Claim, error) {
 	c.watch = time.AfterFunc(pingEvery, c.check)
 	c.mu.Unlock()
 	return c, nil
+}
+
+// byIDPage is how many candidate IDs one read from the cursor takes
+// (core.RowLockSQL.ByID), and byIDTry how many of them one statement tries
+// to lock: the first candidates are mostly locked by the other claims
+// running, or gone.
+const (
+	byIDPage = 128
+	byIDTry  = 4
+)
+
+// claimByID claims, from the cursor (from), the first row it can lock among
+// the candidates read so far, a few at a time by ID; when they run out it
+// reads a page more without locks, once. Nil: none from the cursor (the
+// caller then scans from the first row). A claimable row the candidates
+// passed over (committed since, or made claimable again behind them) is
+// the next full scan's, as it is without ByID.
+func (f *rowLock) claimByID(ctx context.Context, t *claimTx, where string, args []any, from string, fromArgs []any) ([]row, error) {
+	p := f.plan
+	read := false
+	for {
+		ids := f.popCandidates()
+		if len(ids) == 0 {
+			if read {
+				return nil, nil
+			}
+			read = true
+			if err := f.readCandidates(ctx, t, where+from, append(append([]any{}, args...), fromArgs...)); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		// Always byIDTry IDs (the last repeated), so one statement text
+		// serves every claim (prepared once per connection).
+		try := ids
+		for len(try) < byIDTry {
+			try = append(try, ids[len(ids)-1])
+		}
+		in, inArgs := p.Caps.MatchIDs(p, p.Alias+"."+p.QID, try)
+		rows, err := f.query(ctx, t, p.Rebind("SELECT * FROM "+p.QTable+" "+p.Alias+" WHERE "+in+" AND "+where+
+			" ORDER BY "+p.OrderBy(p.Alias)+" LIMIT 1 "+f.skip), append(inArgs, args...))
+		if err != nil || len(rows) > 0 {
+			if len(rows) > 0 {
+				f.returnCandidates(ids, rows[0].get(p.ID))
+				if byIDHook != nil {
+					byIDHook()
+				}
+			}
+			return rows, err
+		}
+	}
+}
+
+// byIDHook, when set (by tests), runs for each row claimed by ID.
+var byIDHook func()
+
+// readCandidates reads a page of candidate IDs over where, without locks,
+// in t; they become the candidates unless a claim running meanwhile read
+// some first.
+func (f *rowLock) readCandidates(ctx context.Context, t *claimTx, where string, args []any) error {
+	p := f.plan
+	rows, err := f.query(ctx, t, p.Rebind("SELECT "+p.Alias+"."+p.QID+" FROM "+p.QTable+" "+p.Alias+" WHERE "+where+
+		" ORDER BY "+p.OrderBy(p.Alias)+" LIMIT "+strconv.Itoa(byIDPage)), args)
+	if err != nil {
+		return err
+	}
+	ids := make([]any, 0, len(rows))
+	for i := range rows {
+		id := rows[i].vals[0]
+		if b, ok := id.([]byte); ok {
+			id = string(b) // the driver may reuse its buffer
+		}
+		ids = append(ids, id)
+	}
+	f.cmu.Lock()
+	if len(f.cands) == 0 {
+		f.cands = ids
+	}
+	f.cmu.Unlock()
+	return nil
+}
+
+// popCandidates takes the next byIDTry candidates.
+func (f *rowLock) popCandidates() []any {
+	f.cmu.Lock()
+	defer f.cmu.Unlock()
+	n := min(byIDTry, len(f.cands))
+	ids := f.cands[:n:n]
+	f.cands = f.cands[n:]
+	return ids
+}
+
+// returnCandidates puts back the candidates of ids after got, the one
+// claimed: the statement did not try them.
+func (f *rowLock) returnCandidates(ids []any, got any) {
+	k := idKey(got)
+	for i, id := range ids {
+		if idKey(id) == k {
+			if rest := ids[i+1:]; len(rest) > 0 {
+				f.cmu.Lock()
+				f.cands = append(rest[:len(rest):len(rest)], f.cands...)
+				f.cmu.Unlock()
+			}
+			return
+		}
+	}
+}
+
+// dropCandidates forgets the candidates read.
+func (f *rowLock) dropCandidates() {
+	f.cmu.Lock()
+	f.cands = nil
+	f.cmu.Unlock()
 }
 
 // claimHead claims the head of one FIFO group under the dialect's group

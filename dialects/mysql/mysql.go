@@ -168,7 +168,7 @@ func (d Dialect) Features() core.Features {
 // the claim's isolation), and prepares statements (the server prepares one
 // again by itself when its table changes).
 func (Dialect) RowLock(context.Context, *core.Pool) (*core.RowLockSQL, error) {
-	return &core.RowLockSQL{SkipLocked: "FOR UPDATE SKIP LOCKED", ChainCommit: "COMMIT AND CHAIN", Prepare: true}, nil
+	return &core.RowLockSQL{SkipLocked: "FOR UPDATE SKIP LOCKED", ChainCommit: "COMMIT AND CHAIN", Prepare: true, ByID: true}, nil
 }
 
 // FenceLeases is the portable fence (core.FencePairs).
