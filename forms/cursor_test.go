@@ -524,21 +524,7 @@ func TestFloor(t *testing.T) {
 			f := conformance.StartForm(t, b, tb)
 			claim := func(want string) core.Claim {
 				t.Helper()
-				cs, err := f.Claim(ctx, 1)
-				if err != nil {
-					t.Fatal(err)
-				}
-				var got string
-				if len(cs) == 1 {
-					got = fmt.Sprint(sqlxbroker.NewDelivery(cs[0]).ID())
-				}
-				if len(cs) > 1 || got != want {
-					t.Fatalf("claimed %d rows (%q), want row %q", len(cs), got, want)
-				}
-				if len(cs) == 0 {
-					return nil
-				}
-				return cs[0]
+				return claimRow(t, f, want)
 			}
 			finish := func(c core.Claim, k sqlxbroker.OutcomeKind) {
 				t.Helper()
@@ -615,17 +601,8 @@ func TestRowLockByID(t *testing.T) {
 			})
 			claim := func(want string) {
 				t.Helper()
-				cs, err := f.Claim(ctx, 1)
-				if err != nil {
-					t.Fatal(err)
-				}
-				var got string
-				if len(cs) == 1 {
-					got = fmt.Sprint(sqlxbroker.NewDelivery(cs[0]).ID())
-					held = append(held, cs[0])
-				}
-				if len(cs) > 1 || got != want {
-					t.Fatalf("claimed %d rows (%q), want row %q", len(cs), got, want)
+				if c := claimRow(t, f, want); c != nil {
+					held = append(held, c)
 				}
 			}
 			claim("1") // the first claim scans from the first row
@@ -651,4 +628,25 @@ func TestRowLockByID(t *testing.T) {
 			claim("")
 		})
 	}
+}
+
+// claimRow claims one row with f and fails t unless it is the row of ID
+// want ("": none); it returns the claim, nil for none.
+func claimRow(t *testing.T, f core.ClaimForm, want string) core.Claim {
+	t.Helper()
+	cs, err := f.Claim(context.Background(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	if len(cs) == 1 {
+		got = fmt.Sprint(sqlxbroker.NewDelivery(cs[0]).ID())
+	}
+	if len(cs) > 1 || got != want {
+		t.Fatalf("claimed %d rows (%q), want row %q", len(cs), got, want)
+	}
+	if len(cs) == 0 {
+		return nil
+	}
+	return cs[0]
 }
