@@ -451,14 +451,13 @@ func (f *rowLock) readCandidates(ctx context.Context, t *claimTx, where string, 
 	if err != nil {
 		return err
 	}
-	ids := make([]any, 0, len(rows))
+	ids := make([]any, len(rows))
 	for i := range rows {
-		id := rows[i].vals[0]
-		if b, ok := id.([]byte); ok {
-			id = string(b) // the driver may reuse its buffer
-		}
-		ids = append(ids, id)
+		ids[i] = rows[i].vals[0]
 	}
+	// As the cursor keeps its positions: bytes as strings (an ID is
+	// never NULL).
+	ids = orderPosition(ids)
 	f.cmu.Lock()
 	if len(f.cands) == 0 {
 		f.cands = ids
