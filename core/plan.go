@@ -169,6 +169,32 @@ func (p *Plan) NextAttempt(alias string) string {
 	return "CASE WHEN " + a + " IS NULL OR " + a + " < 1 THEN 2 ELSE " + a + " + 1 END"
 }
 
+// AttemptFence is the condition that holds for exactly the rows of ids
+// whose attempt column still holds the value at the same index of
+// attempts: what the advisory form fences a batch of successes with (an
+// attempt is counted again by every take). The rows are grouped by
+// attempt, each group matched with the dialect's MatchIDs; most batches
+// are one group, rows taken for the first time. Its args bind its '?'s.
+func (p *Plan) AttemptFence(ids, attempts []any) (string, []any) {
+	byAttempt := map[any][]any{}
+	var order []any
+	for i, id := range ids {
+		a := attempts[i]
+		if _, ok := byAttempt[a]; !ok {
+			order = append(order, a)
+		}
+		byAttempt[a] = append(byAttempt[a], id)
+	}
+	conds := make([]string, len(order))
+	var args []any
+	for i, a := range order {
+		in, inArgs := p.Caps.MatchIDs(p, p.QID, byAttempt[a])
+		conds[i] = "(" + p.QAttempt + " = ? AND " + in + ")"
+		args = append(append(args, a), inArgs...)
+	}
+	return strings.Join(conds, " OR "), args
+}
+
 // Uncounted is the condition over alias that no claim has counted an
 // attempt of the row yet (NextAttempt): its attempt is NULL or below 2, as
 // a new row's is (a row released or snoozed has its count taken back).

@@ -17,15 +17,16 @@ import (
 // advisory: ready rows are read with their keys; the keys are tried
 // without waiting on the session that holds the form's keys (keyHolder); the
 // rows are taken (attempt counted) while still claimable; the handler runs
-// with the key locked; completions are written in batches on the key
-// session, then their keys are released. No transaction stays open, and
-// deliveries hold no connection: one session holds the keys of all of
-// them.
+// with the key locked; completions are written in batches, successes
+// fenced by the attempt their take counted, then their keys are released.
+// No transaction stays open, and deliveries hold no connection: one
+// session holds the keys of all of them.
 type advisory struct {
 	base
 	mu      sync.Mutex
 	held    map[string]bool // keys this form holds or is trying
 	keys    keyHolder
+	writers writers       // the connections successes are written on
 	stop    chan struct{} // ends the holder's pings
 	stopped sync.Once
 
@@ -41,12 +42,8 @@ type advisory struct {
 
 func newAdvisory(b base) *advisory {
 	f := &advisory{base: b, held: map[string]bool{}, stop: make(chan struct{}), written: make(chan struct{})}
-	f.keys.f = f
+	f.keys.f, f.writers.f = f, f
 	f.batch.flush = f.flush
-	// Batches are written on the one key session, one after another: a
-	// second writer would only wait for it with a batch that could have
-	// grown meanwhile.
-	f.batch.most = 1
 	return f
 }
 
@@ -65,9 +62,9 @@ const advisoryClaimers = 2
 
 // AdvisoryConnections is the most connections of its pool an
 // advisory-form subscription uses at once, whatever its concurrency: the
-// session holding the keys (which also writes the completions), and one
-// per claim running. Handlers hold none.
-const AdvisoryConnections = 1 + advisoryClaimers
+// session holding the keys, one per claim running, and flushers writing
+// completion batches. Handlers hold none.
+const AdvisoryConnections = 1 + advisoryClaimers + flushers
 
 func (f *advisory) Start(ctx context.Context) error {
 	go f.keys.pings(f.stop)
@@ -80,6 +77,7 @@ func (f *advisory) Start(ctx context.Context) error {
 func (f *advisory) Close() error {
 	f.stopped.Do(func() { close(f.stop) })
 	f.keys.close()
+	f.writers.giveBack(true)
 	return nil
 }
 
@@ -371,7 +369,7 @@ func (f *advisory) takeAll(ctx context.Context, claims []*advisoryClaim) ([]core
 		if err == nil && r != nil {
 			var attempt int
 			if attempt, err = f.attemptOf(r); err == nil {
-				c.row = f.delivery(r, counted(attempt), c.key)
+				c.row, c.attempt = f.delivery(r, counted(attempt), c.key), attempt
 				out = append(out, c)
 				return
 			}
@@ -519,13 +517,14 @@ func (f *advisory) groupOf(ctx context.Context, q sqlx.QueryerContext, id any) (
 
 type advisoryClaim struct {
 	noTx
-	f    *advisory
-	gen  *holding // the holder's session that locked the key
-	key  string
-	id   any
-	row  core.Row
-	o    core.Outcome // the completion, while it waits for its batch
-	done func(error)
+	f       *advisory
+	gen     *holding // the holder's session that locked the key
+	key     string
+	id      any
+	attempt int // the row's attempt as the take counted it: the completion's fence
+	row     core.Row
+	o       core.Outcome // the completion, while it waits for its batch
+	done    func(error)
 }
 
 func (c *advisoryClaim) Row() *core.Row { return &c.row }
@@ -540,12 +539,12 @@ func (c *advisoryClaim) lost(o core.Outcome) error {
 }
 
 // Complete queues the completion (batcher) and returns at once:
-// completions that queue while a batch is written on the key session go
-// together in the next (flush), which records o and then releases the key, so completions
-// use no connection beyond the key session whatever the concurrency. When
-// the session holding the key ended first, another claim may already have
-// the row: the completion changes nothing and done gets core.ErrLeaseLost
-// (the row, attempt counted, is claimable again).
+// completions that queue while a batch is written go together in the next
+// (flush), which records o and then releases the key, so completions use
+// no more connections than flushers whatever the concurrency. When the
+// session holding the key ended first, another claim may already have the
+// row: the completion changes nothing and done gets core.ErrLeaseLost (the
+// row, attempt counted, is claimable again).
 func (c *advisoryClaim) Complete(ctx context.Context, o core.Outcome, done func(error)) {
 	c.o, c.done = o, done
 	c.f.batch.add(c) // never closed: the key session outlives Close until its last key
@@ -561,22 +560,39 @@ func (f *advisory) completeOne(ctx context.Context, q sqlx.ExecerContext, c *adv
 	return nil
 }
 
-// flush records a batch on the key session, the successes in one
-// statement and every other outcome alone, then releases the batch's keys
-// there and answers each claim. The session that holds a claim's key is
-// the one that writes its completion, so a completion is written only while
-// the key is held: were the session gone, the server would have dropped the
-// key, another subscription could have taken the row, and two completions
-// would be recorded for it. A claim whose session ended is answered with
-// ErrLeaseLost and changes nothing.
+// flush records a batch, then releases its keys on the key session and
+// answers each claim. A claim whose session ended is answered with
+// ErrLeaseLost and changes nothing: the server dropped its key, and another
+// subscription may have taken the row.
 //
-// Each statement has holderTimeout of its own (stmtCtx), and so does the
-// ping that follows a failure: a statement that failed by itself (a
-// constraint, a row lock waited on for longer than the session's limit,
-// AdvisoryLocker.LockWaitLimit) costs only its own deliveries. One that ran out of
-// time costs the session: lib/pq and go-sql-driver give up a connection
-// whose statement they cancel, so its keys go with it and every delivery
-// it held is lost; the rows come back with their attempt counted.
+// The successes are written in one statement on a connection of the pool
+// (succeedAll), fenced by the attempt each take counted: a row another
+// subscription took since (its key dropped with a session that ended while
+// the statement ran) has its attempt counted again and is not changed, so
+// no row is recorded finished twice. (Were that subscription's handler to
+// snooze the row within that statement's round trip, which takes the
+// count back, the success would still be written: a row both ran is then
+// finished.) The key session meanwhile tries the
+// keys of claims: a batch written on it kept every claim waiting for the
+// batch's commit (the tries of a claim waited 1 ms of its 6 at 1,000
+// handlers on PostgreSQL, docs/performance.md). The keys are released
+// only once the statement has returned: no row of a key starts while the
+// one before it may still be written. Its connection waits for row locks
+// no longer than the key session does (writers): a row an application's
+// transaction holds locked fails the batch's successes with the
+// statement's error (their rows, attempt counted, are claimable again),
+// and costs no other delivery.
+//
+// Every other outcome is written alone on the key session, as the key's
+// holder: those statements do not change the attempt consistently enough
+// to fence by it (a snooze takes the count back). Each has holderTimeout
+// of its own (stmtCtx), and so does the ping that follows a failure: a
+// statement that failed by itself (a constraint, a row lock waited on for
+// longer than the session's limit, AdvisoryLocker.LockWaitLimit) costs
+// only its own deliveries. One that ran out of time costs the session:
+// lib/pq and go-sql-driver give up a connection whose statement they
+// cancel, so its keys go with it and every delivery it held is lost; the
+// rows come back with their attempt counted.
 func (f *advisory) flush(batch []*advisoryClaim) {
 	f.fmu.Lock()
 	f.writing++
@@ -592,7 +608,7 @@ func (f *advisory) flush(batch []*advisoryClaim) {
 	errs := make([]error, len(batch))
 	h := &f.keys
 	h.mu.Lock()
-	wins, won := make([]any, 0, len(batch)), make([]int, 0, len(batch))
+	wins, won := make([]*advisoryClaim, 0, len(batch)), make([]int, 0, len(batch))
 	live := make([]*advisoryClaim, 0, len(batch))
 	failed := false
 	for i, c := range batch {
@@ -602,7 +618,7 @@ func (f *advisory) flush(batch []*advisoryClaim) {
 			errs[i] = c.lost(c.o)
 			continue
 		case c.o.Kind == core.Succeeded:
-			wins, won = append(wins, c.row.ID), append(won, i)
+			wins, won = append(wins, c), append(won, i)
 		default:
 			sctx, cancel := stmtCtx(ctx)
 			if errs[i] = f.completeOne(sctx, h.sess, c, c.o); errs[i] != nil {
@@ -611,16 +627,6 @@ func (f *advisory) flush(batch []*advisoryClaim) {
 			cancel()
 		}
 		live = append(live, c)
-	}
-	if len(wins) > 0 {
-		sctx, cancel := stmtCtx(ctx)
-		if err := f.succeedAll(sctx, h.sess, wins); err != nil {
-			failed = true
-			for _, i := range won {
-				errs[i] = err
-			}
-		}
-		cancel()
 	}
 	// A statement that failed may have failed with the session: then its
 	// keys are gone, and so is every other delivery it held.
@@ -631,6 +637,21 @@ func (f *advisory) flush(batch []*advisoryClaim) {
 		}
 		cancel()
 	}
+	h.mu.Unlock()
+	if len(wins) > 0 {
+		sctx, cancel := stmtCtx(ctx)
+		hit, err := f.succeedAll(sctx, wins)
+		cancel()
+		for j, i := range won {
+			switch {
+			case err != nil:
+				errs[i] = err
+			case !hit[j]:
+				errs[i] = fmt.Errorf("%w: row %v was taken again (its attempt is no longer %d) after the session holding advisory key %q ended", core.ErrLeaseLost, wins[j].row.ID, wins[j].attempt, wins[j].key)
+			}
+		}
+	}
+	h.mu.Lock()
 	h.release(ctx, live)
 	h.mu.Unlock()
 	for _, c := range batch {
@@ -641,17 +662,37 @@ func (f *advisory) flush(batch []*advisoryClaim) {
 	}
 }
 
-// succeedAll completes the rows of ids as succeeded in one statement:
-// deleted, or marked done when the table has a DoneAt column.
-func (f *advisory) succeedAll(ctx context.Context, q sqlx.ExecerContext, ids []any) error {
+// succeedAll completes the rows of claims as succeeded in one statement,
+// deleted or marked done when the table has a DoneAt column, each while
+// its attempt is the one its take counted, and reports which rows matched
+// (fencedWrite, core.Plan.AttemptFence).
+func (f *advisory) succeedAll(ctx context.Context, claims []*advisoryClaim) ([]bool, error) {
 	p := f.plan
-	stmt, args := "DELETE FROM "+p.QTable, []any(nil)
+	feats := p.Dialect.Features()
+	w := fencedWrite{head: "DELETE FROM " + p.QTable, returning: feats.DeleteReturning}
 	if p.QDoneAt != "" {
-		stmt, args = "UPDATE "+p.QTable+" SET "+p.QDoneAt+" = ?", []any{p.Time(core.Now())}
+		w.head, w.headArgs, w.returning = "UPDATE "+p.QTable+" SET "+p.QDoneAt+" = ?", []any{p.Time(core.Now())}, feats.UpdateReturning
 	}
-	in, inArgs := p.Caps.MatchIDs(p, p.QID, ids)
-	if _, err := q.ExecContext(ctx, p.Rebind(stmt+" WHERE "+in), append(args, inArgs...)...); err != nil {
-		return fmt.Errorf("sqlxbroker: advisory completion (%d succeeded): %w", len(ids), err)
+	w.ids = make([]any, len(claims))
+	attempts := make([]any, len(claims))
+	for i, c := range claims {
+		w.ids[i], attempts[i] = c.row.ID, c.attempt
 	}
-	return nil
+	w.fence = func() (string, []any) { return p.AttemptFence(w.ids, attempts) }
+	w.one = p.QID + " = ? AND " + p.QAttempt + " = ?"
+	w.oneArgs = func(i int) []any { return []any{claims[i].row.ID, claims[i].attempt} }
+	conn, err := f.writers.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var hit []bool
+	err = f.retryConflicts(ctx, func() (err error) {
+		hit, err = f.fencedWrite(ctx, conn, w)
+		return err
+	})
+	f.writers.put(conn, err != nil)
+	if err != nil {
+		return nil, fmt.Errorf("sqlxbroker: advisory completion (%d succeeded): %w", len(claims), err)
+	}
+	return hit, nil
 }

@@ -167,3 +167,83 @@ func TestAdvisoryClaimCursor(t *testing.T) {
 		}
 	}
 }
+
+// TestAdvisorySuccessFencedByAttempt: successes are written off the key
+// session, each only on a row that still holds the attempt its take
+// counted. A row another subscription took since (its attempt counted
+// again, as after this form's key session ended unseen) is left as that
+// subscription has it, and its completion says ErrLeaseLost; every other
+// row completes, alone or in a batch, with or without a DoneAt column.
+func TestAdvisorySuccessFencedByAttempt(t *testing.T) {
+	ctx := context.Background()
+	tables := []sqlxbroker.Table{
+		{Name: "fx_fence_adv", AdvisoryLock: "acct-{account}"},
+		{Name: "fx_fence_adv_done", AdvisoryLock: "acct-{account}", DoneAt: "done_at"},
+	}
+	for _, c := range formTables(t, tables, [2]string{"account", "text"}) {
+		t.Run(c.name+"/"+c.tb.Name, func(t *testing.T) {
+			db, b, tb := c.db, c.b, c.tb
+			d := b.Dialect()
+			for i := range 5 {
+				if err := b.Publish(ctx, db, tb, map[string]any{"account": fmt.Sprint("a", i)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f := conformance.StartForm(t, b, tb)
+			cs, err := f.Claim(ctx, 5)
+			if err != nil || len(cs) != 5 {
+				t.Fatalf("claimed %d rows (%v), want 5", len(cs), err)
+			}
+			id := func(c core.Claim) any { return sqlxbroker.NewDelivery(c).ID() }
+			attempt := d.QuoteIdent(tb.AttemptColumn())
+			retake := func(c core.Claim) {
+				t.Helper()
+				q := db.Rebind("UPDATE " + d.QuoteIdent(tb.Name) + " SET " + attempt + " = " + attempt + " + 1 WHERE " + d.QuoteIdent(tb.IDColumn()) + " = ?")
+				if _, err := db.ExecContext(ctx, q, id(c)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Alone: one row taken again, one not.
+			retake(cs[0])
+			if err := conformance.Complete(ctx, cs[0], sqlxbroker.Outcome{Kind: sqlxbroker.Succeeded}); !errors.Is(err, sqlxbroker.ErrLeaseLost) {
+				t.Errorf("row %v, taken again: completion returned %v, want ErrLeaseLost", id(cs[0]), err)
+			}
+			if err := conformance.Complete(ctx, cs[1], sqlxbroker.Outcome{Kind: sqlxbroker.Succeeded}); err != nil {
+				t.Errorf("row %v: completion returned %v", id(cs[1]), err)
+			}
+			// In one batch: the row taken again in the middle.
+			retake(cs[3])
+			errs := forms.CompleteTogether(f, cs[2:], sqlxbroker.Outcome{Kind: sqlxbroker.Succeeded})
+			for i, err := range errs {
+				c := cs[2+i]
+				if want := c == cs[3]; want != errors.Is(err, sqlxbroker.ErrLeaseLost) || !want && err != nil {
+					t.Errorf("row %v in a batch (taken again: %v): completion returned %v", id(c), want, err)
+				}
+			}
+			// Left: the two rows taken again, as their taker has them.
+			left := "SELECT " + d.QuoteIdent(tb.IDColumn()) + ", " + attempt + " FROM " + d.QuoteIdent(tb.Name)
+			if tb.DoneAt != "" {
+				left += " WHERE " + d.QuoteIdent(tb.DoneAt) + " IS NULL"
+			}
+			rows, err := db.QueryxContext(ctx, left+" ORDER BY 1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for rows.Next() {
+				var rid, n int64
+				if err := rows.Scan(&rid, &n); err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, fmt.Sprintf("%d@%d", rid, n))
+			}
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+			want := []string{fmt.Sprintf("%v@3", id(cs[0])), fmt.Sprintf("%v@3", id(cs[3]))}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("rows left unfinished (id@attempt) %v, want %v: those taken again, untouched", got, want)
+			}
+		})
+	}
+}

@@ -60,3 +60,19 @@ func unwrap(f core.ClaimForm) core.ClaimForm {
 	}
 	return f
 }
+
+// CompleteTogether completes the claims of an advisory form with o in
+// one batch, as its batcher writes the completions that queued together,
+// and returns each completion's result.
+func CompleteTogether(f core.ClaimForm, cs []core.Claim, o core.Outcome) []error {
+	a := unwrap(f).(*advisory)
+	errs := make([]error, len(cs))
+	batch := make([]*advisoryClaim, len(cs))
+	for i, c := range cs {
+		ac := c.(*advisoryClaim)
+		ac.o, ac.done = o, func(err error) { errs[i] = err }
+		batch[i] = ac
+	}
+	a.flush(batch)
+	return errs
+}

@@ -14,10 +14,11 @@ import (
 // keyHolder is the session that holds an advisory form's keys: one
 // connection, taken from the pool when a key is tried while none is kept,
 // and given back once it has held no key for keepFor (or the form closes).
-// A claim's keys are tried in one statement (core.AdvisoryLocker);
-// completions are written on the session (advisory.flush) and their keys
-// released in one statement, as are the keys of rows a claim did not take
-// (unlock).
+// A claim's keys are tried in one statement (core.AdvisoryLocker); a
+// completion batch's keys are released in one statement once the batch is
+// written (advisory.flush: its successes on another connection, fenced by
+// attempt, every other outcome on the session), as are the keys of rows a
+// claim did not take (unlock).
 //
 // Its statements run without the caller's cancellation (a stopping
 // subscription must not lose the keys of the deliveries in work) but with
@@ -85,14 +86,9 @@ func (h *keyHolder) tryOn(ctx context.Context, keys []string, want int) ([]bool,
 		if err != nil {
 			return nil, 0, fmt.Errorf("sqlxbroker: advisory: a session for the keys: %w", err)
 		}
-		if set, _ := h.f.plan.Caps.AdvisoryLocker.LockWaitLimit(lockWait); set != "" {
-			sctx, cancel := stmtCtx(ctx)
-			_, err := conn.ExecContext(sctx, set)
-			cancel()
-			if err != nil {
-				core.Discard(conn)
-				return nil, 0, fmt.Errorf("sqlxbroker: advisory: limit the key session's lock waits: %w", err)
-			}
+		if err := h.f.limitLockWaits(ctx, conn); err != nil {
+			core.Discard(conn)
+			return nil, 0, fmt.Errorf("sqlxbroker: advisory: limit the key session's lock waits: %w", err)
 		}
 		h.sess, h.gen, h.held = conn, &holding{}, map[string]struct{}{}
 	}
@@ -161,7 +157,8 @@ func (h *keyHolder) release(ctx context.Context, cs []*advisoryClaim) error {
 
 // pings checks the session every pingEvery while it holds keys and has run
 // no statement meanwhile, and gives it back once it has held none for
-// keepFor, until stop is closed.
+// keepFor, as it gives back the form's idle writers, until stop is
+// closed.
 func (h *keyHolder) pings(stop <-chan struct{}) {
 	t := time.NewTicker(pingEvery)
 	defer t.Stop()
@@ -171,6 +168,7 @@ func (h *keyHolder) pings(stop <-chan struct{}) {
 			return
 		case <-t.C:
 		}
+		h.f.writers.giveBack(false)
 		h.mu.Lock()
 		switch {
 		case h.sess == nil:
@@ -224,17 +222,7 @@ func (h *keyHolder) close() {
 // giveBack returns the session, which holds no key, to the pool, its lock
 // wait limit reset; a session that cannot be reset is closed instead.
 func (h *keyHolder) giveBack() {
-	if _, reset := h.f.plan.Caps.AdvisoryLocker.LockWaitLimit(lockWait); reset != "" {
-		ctx, cancel := stmtCtx(context.Background())
-		_, err := h.sess.ExecContext(ctx, reset)
-		cancel()
-		if err != nil {
-			core.Discard(h.sess)
-			h.sess, h.gen, h.held = nil, nil, nil
-			return
-		}
-	}
-	h.sess.Close()
+	h.f.giveBack(h.sess)
 	h.sess, h.gen, h.held = nil, nil, nil
 }
 

@@ -33,8 +33,8 @@ loop without the broker, at the same concurrency: what the database
 allows the form (row lock: claim, delete, commit per row over as many
 connections as handlers; lease: claims of half a batch and their fenced
 deletes, two at a time; advisory: candidates, keys tried and rows taken
-for half a batch, two at a time, deleted and released on one key
-session).
+for half a batch, two at a time, deleted fenced by attempt and their
+keys released on one key session).
 
 --otel instruments the runs with package otelbroker (an OpenTelemetry SDK
 meter and tracer provider, every span sampled and dropped by a no-op

@@ -3,8 +3,8 @@ package bench
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -212,6 +212,14 @@ func leaseFloorComplete(ctx context.Context, conn *sqlx.Conn, p *core.Plan, feat
 		tokens[i] = token
 	}
 	cond, args := p.Caps.Leaser.FenceLeases(p, ids, tokens)
+	return fencedDelete(ctx, conn, p, feats, cond, args, len(ids))
+}
+
+// fencedDelete deletes the rows that cond matches as the forms write their
+// fenced completions: with RETURNING where the dialect reports no
+// conflicts, one statement that commits itself; else in a transaction. It
+// fails unless it deleted n rows.
+func fencedDelete(ctx context.Context, conn *sqlx.Conn, p *core.Plan, feats core.Features, cond string, args []any, n int) error {
 	q := p.Rebind("DELETE FROM " + p.QTable + " WHERE " + cond)
 	// As the form writes it: with RETURNING where the dialect reports no
 	// conflicts, one statement that commits itself; else in a transaction.
@@ -228,28 +236,28 @@ func leaseFloorComplete(ctx context.Context, conn *sqlx.Conn, p *core.Plan, feat
 		defer tx.Rollback() //nolint:errcheck // no-op after Commit
 		on = tx
 	}
-	var n int64
+	var got int64
 	if feats.DeleteReturning {
 		rows, err := on.QueryxContext(ctx, q+" RETURNING "+p.QID, args...)
 		if err != nil {
 			return err
 		}
-		got, err := idsOf(rows, p.ID)
+		ids, err := idsOf(rows, p.ID)
 		if err != nil {
 			return err
 		}
-		n = int64(len(got))
+		got = int64(len(ids))
 	} else {
 		res, err := on.ExecContext(ctx, q, args...)
 		if err != nil {
 			return err
 		}
-		if n, err = res.RowsAffected(); err != nil {
+		if got, err = res.RowsAffected(); err != nil {
 			return err
 		}
 	}
-	if n != int64(len(ids)) {
-		return fmt.Errorf("the fenced completion matched %d of %d rows", n, len(ids))
+	if got != int64(n) {
+		return fmt.Errorf("the fenced completion matched %d of %d rows", got, n)
 	}
 	if tx != nil {
 		return tx.Commit()
@@ -259,31 +267,41 @@ func leaseFloorComplete(ctx context.Context, conn *sqlx.Conn, p *core.Plan, feat
 
 // idsOf reads the id column of rows and closes them.
 func idsOf(rows *sqlx.Rows, id string) ([]any, error) {
+	cols, err := columnsOf(rows, id)
+	if err != nil {
+		return nil, err
+	}
+	return cols[0], nil
+}
+
+// columnsOf reads the named columns of rows, byte slices as strings, one
+// list per name, and closes them.
+func columnsOf(rows *sqlx.Rows, names ...string) ([][]any, error) {
 	defer rows.Close()
 	cols, err := rows.Columns()
 	if err != nil {
 		return nil, err
 	}
-	at := -1
-	for i, c := range cols {
-		if c == id {
-			at = i
+	at := make([]int, len(names))
+	for j, name := range names {
+		at[j] = slices.Index(cols, name)
+		if at[j] < 0 {
+			return nil, fmt.Errorf("no %s column in the claimed rows", name)
 		}
 	}
-	if at < 0 {
-		return nil, fmt.Errorf("no %s column in the claimed rows", id)
-	}
-	var out []any
+	out := make([][]any, len(names))
 	for rows.Next() {
 		vals, err := rows.SliceScan()
 		if err != nil {
 			return nil, err
 		}
-		v := vals[at]
-		if b, ok := v.([]byte); ok {
-			v = string(b)
+		for j, i := range at {
+			v := vals[i]
+			if b, ok := v.([]byte); ok {
+				v = string(b)
+			}
+			out[j] = append(out[j], v)
 		}
-		out = append(out, v)
 	}
 	return out, rows.Err()
 }
@@ -298,9 +316,11 @@ func idsOf(rows *sqlx.Rows, id string) ([]any, error) {
 // floorClaimSize of them in one statement on the key session (the
 // form's: TryFirstAdvisoryLocks wanting them all where the dialect has it,
 // else TryAdvisoryLocks), take the rows whose keys they got (the attempt
-// counted while still claimable, read back), then on the key session
-// delete the taken rows in one statement and release their keys in one
-// (AdvisoryUnlocks), as the form's completions do; in a tight loop with no
+// counted while still claimable, read back), then delete the taken rows
+// in one statement on the loop's connection, fenced by the attempts the
+// take counted (core.Plan.AttemptFence), and release their keys in one on
+// the key session (AdvisoryUnlocks), as the form's completions do; in a
+// tight loop with no
 // engine, handler or broker in between. It returns the rate, the
 // connections used and the process's CPU time over the drain, the fill
 // left out.
@@ -480,7 +500,8 @@ func (k *advisoryFloor) drop(keys []string) {
 }
 
 // claimAndComplete tries the keys of want, takes the rows of those it got,
-// deletes them and releases every key it took.
+// deletes them (fenced by attempt, as the form's successes are) and
+// releases every key it took.
 func (k *advisoryFloor) claimAndComplete(ctx context.Context, conn *sqlx.Conn, want []floorCand) error {
 	p := k.p
 	al := p.Caps.AdvisoryLocker
@@ -503,7 +524,7 @@ func (k *advisoryFloor) claimAndComplete(ctx context.Context, conn *sqlx.Conn, w
 			locked = append(locked, want[i].key)
 		}
 	}
-	var taken []any
+	var taken, attempts []any
 	if len(ids) > 0 {
 		where, args := p.Ready(p.QTable, core.Now())
 		in, inArgs := p.Caps.MatchIDs(p, p.QTable+"."+p.QID, ids)
@@ -516,26 +537,26 @@ func (k *advisoryFloor) claimAndComplete(ctx context.Context, conn *sqlx.Conn, w
 		} else if _, err = conn.ExecContext(ctx, p.Rebind(upd), args...); err == nil {
 			rows, err = conn.QueryxContext(ctx, p.Rebind("SELECT * FROM "+p.QTable+" WHERE "+in), args...)
 		}
+		var cols [][]any
 		if err == nil {
-			taken, err = idsOf(rows, p.ID)
+			cols, err = columnsOf(rows, p.ID, p.Attempt)
 		}
 		if err != nil {
 			return fmt.Errorf("take: %w", err)
 		}
+		taken, attempts = cols[0], cols[1]
 	}
-	k.keyMu.Lock()
-	defer k.keyMu.Unlock()
 	if len(taken) > 0 {
-		in, inArgs := p.Caps.MatchIDs(p, p.QID, taken)
-		res, err := k.key.ExecContext(ctx, p.Rebind("DELETE FROM "+p.QTable+" WHERE "+in), inArgs...)
-		if err != nil {
+		// As the form writes its successes: on a connection of the pool
+		// (this loop's), fenced by the attempt the take counted.
+		cond, args := p.AttemptFence(taken, attempts)
+		if err := fencedDelete(ctx, conn, p, p.Dialect.Features(), cond, args, len(taken)); err != nil {
 			return fmt.Errorf("complete: %w", err)
-		}
-		if n, err := res.RowsAffected(); err != nil || n != int64(len(taken)) {
-			return errors.Join(err, fmt.Errorf("complete: deleted %d of %d rows", n, len(taken)))
 		}
 		k.total.Add(int64(len(taken)))
 	}
+	k.keyMu.Lock()
+	defer k.keyMu.Unlock()
 	if len(locked) > 0 {
 		if err := al.AdvisoryUnlocks(ctx, &core.AdvisoryParams{Pool: k.pool, Conn: k.key, Keys: locked}); err != nil {
 			return fmt.Errorf("release keys: %w", err)
