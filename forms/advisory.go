@@ -662,37 +662,81 @@ func (f *advisory) flush(batch []*advisoryClaim) {
 	}
 }
 
-// succeedAll completes the rows of claims as succeeded in one statement,
-// deleted or marked done when the table has a DoneAt column, each while
-// its attempt is the one its take counted, and reports which rows matched
-// (fencedWrite, core.Plan.AttemptFence).
+// succeedAll completes the rows of claims as succeeded in one statement
+// that commits itself, deleted or marked done when the table has a DoneAt
+// column, each while its attempt is the one its take counted
+// (core.Plan.AttemptFence), and reports which rows it changed. Mostly it
+// changed every row, as its rows affected say, in one round trip; where it
+// changed fewer, they are read back: a row deleted, or marked done at the
+// statement's time with its attempt as counted. (A row another
+// subscription took, finished and deleted since would read as this one's:
+// finished once either way.) A statement that commits itself is safe on a
+// multi-primary cluster too: one that loses certification is run again by
+// the node whole (Galera's wsrep_retry_autocommit), or fails.
 func (f *advisory) succeedAll(ctx context.Context, claims []*advisoryClaim) ([]bool, error) {
 	p := f.plan
-	feats := p.Dialect.Features()
-	w := fencedWrite{head: "DELETE FROM " + p.QTable, returning: feats.DeleteReturning}
-	if p.QDoneAt != "" {
-		w.head, w.headArgs, w.returning = "UPDATE "+p.QTable+" SET "+p.QDoneAt+" = ?", []any{p.Time(core.Now())}, feats.UpdateReturning
-	}
-	w.ids = make([]any, len(claims))
-	attempts := make([]any, len(claims))
+	ids, attempts := make([]any, len(claims)), make([]any, len(claims))
 	for i, c := range claims {
-		w.ids[i], attempts[i] = c.row.ID, c.attempt
+		ids[i], attempts[i] = c.row.ID, c.attempt
 	}
-	w.fence = func() (string, []any) { return p.AttemptFence(w.ids, attempts) }
-	w.one = p.QID + " = ? AND " + p.QAttempt + " = ?"
-	w.oneArgs = func(i int) []any { return []any{claims[i].row.ID, claims[i].attempt} }
+	fence, fenceArgs := p.AttemptFence(ids, attempts)
+	head, args := "DELETE FROM "+p.QTable, []any(nil)
+	var at any
+	if p.QDoneAt != "" {
+		at = p.Time(core.Now())
+		head, args = "UPDATE "+p.QTable+" SET "+p.QDoneAt+" = ?", []any{at}
+	}
 	conn, err := f.writers.get(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var hit []bool
-	err = f.retryConflicts(ctx, func() (err error) {
-		hit, err = f.fencedWrite(ctx, conn, w)
+	var n int64
+	err = f.retryConflicts(ctx, func() error {
+		res, err := conn.ExecContext(ctx, p.Rebind(head+" WHERE "+fence), append(args, fenceArgs...)...)
+		if err == nil {
+			n, err = res.RowsAffected()
+		}
 		return err
 	})
+	hit := make([]bool, len(claims))
+	if err == nil && n < int64(len(claims)) {
+		err = f.changed(ctx, conn, ids, attempts, at, hit)
+	} else {
+		for i := range hit {
+			hit[i] = true
+		}
+	}
 	f.writers.put(conn, err != nil)
 	if err != nil {
 		return nil, fmt.Errorf("sqlxbroker: advisory completion (%d succeeded): %w", len(claims), err)
 	}
 	return hit, nil
+}
+
+// changed sets hit for the rows of ids that succeedAll changed: those
+// gone, or, with a DoneAt column, marked done at at with their attempt as
+// counted.
+func (f *advisory) changed(ctx context.Context, q sqlx.QueryerContext, ids, attempts []any, at any, hit []bool) error {
+	p := f.plan
+	cond, args := p.Caps.MatchIDs(p, p.QID, ids)
+	if at != nil {
+		cond, args = p.AttemptFence(ids, attempts)
+		cond, args = "("+cond+") AND "+p.QDoneAt+" = ?", append(args, at)
+	}
+	rows, err := q.QueryxContext(ctx, p.Rebind("SELECT "+p.QID+" FROM "+p.QTable+" WHERE "+cond), args...)
+	if err != nil {
+		return err
+	}
+	found, err := readColumn(rows, len(ids))
+	if err != nil {
+		return err
+	}
+	in := make(map[string]bool, len(found))
+	for _, id := range found {
+		in[idKey(id)] = true
+	}
+	for i, id := range ids {
+		hit[i] = in[idKey(id)] == (at != nil)
+	}
+	return nil
 }

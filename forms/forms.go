@@ -627,9 +627,9 @@ func (b *base) updateRows(ctx context.Context, q sqlx.ExtContext, set, where str
 // in a new transaction, which tells which rows changed. It returns which
 // did and the open transaction, for the caller to read in and commit.
 // Statements are given rebound.
-func (b *base) allOrEach(ctx context.Context, on writer, n int, all string, allArgs []any, each string, eachArgs func(i int) []any) ([]bool, *sqlx.Tx, error) {
+func (b *base) allOrEach(ctx context.Context, n int, all string, allArgs []any, each string, eachArgs func(i int) []any) ([]bool, *sqlx.Tx, error) {
 	hit := make([]bool, n)
-	tx, err := on.BeginTxx(ctx, nil)
+	tx, err := b.db.BeginTxx(ctx, nil)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -645,7 +645,7 @@ func (b *base) allOrEach(ctx context.Context, on writer, n int, all string, allA
 		return hit, tx, nil
 	}
 	_ = tx.Rollback()
-	if tx, err = on.BeginTxx(ctx, nil); err != nil {
+	if tx, err = b.db.BeginTxx(ctx, nil); err != nil {
 		return nil, nil, err
 	}
 	for i := range hit {
@@ -661,110 +661,6 @@ func (b *base) allOrEach(ctx context.Context, on writer, n int, all string, allA
 		}
 	}
 	return hit, tx, nil
-}
-
-// fencedWrite is a statement that changes a batch of rows, each only while
-// it still holds what its delivery was given (a lease's token, an
-// advisory take's attempt): "<head> WHERE <fence>", and for one row
-// "<head> WHERE <one>".
-type fencedWrite struct {
-	head     string // "DELETE FROM t" or "UPDATE t SET ..."
-	headArgs []any  // bind the head's '?'s
-	// returning: the dialect can name the rows the head changed
-	// (Features.DeleteReturning or UpdateReturning, as the head is).
-	returning bool
-	ids       []any                  // the rows, distinct
-	fence     func() (string, []any) // matches each row of ids while it holds its own
-	one       string                 // matches row i alone, with oneArgs(i)
-	oneArgs   func(i int) []any
-}
-
-// writer is what a fenced write runs on: the pool, or one of its
-// connections.
-type writer interface {
-	sqlx.QueryerContext
-	sqlx.ExecerContext
-	BeginTxx(ctx context.Context, opts *sql.TxOptions) (*sqlx.Tx, error)
-}
-
-// fencedWrite runs w on on and reports, per row of w.ids, whether it
-// matched.
-// With RETURNING (w.returning) the statement names the rows it changed.
-// Where the dialect reports no conflicts (core.Capabilities.ReturningAlone)
-// it runs alone, committing itself: one round trip where a transaction
-// around it took three (four processes of 250 handlers drained a
-// PostgreSQL lease table 12% faster). Its outcome is as certain as a
-// COMMIT's: an error before the reply (a connection lost, a flush's
-// timeout) leaves unknown whether the rows changed, and the deliveries
-// report the error; a row that did not change keeps its hold and is
-// claimed again when that ends. A dialect with a ConflictDetector keeps
-// the transaction: on a multi-primary cluster a statement run alone that
-// loses certification is run again by the node itself (Galera's
-// wsrep_retry_autocommit) after it may have returned the rows of its
-// first run, where a transaction's loss is reported at its COMMIT and the
-// caller runs the batch again. Without RETURNING, the statement runs in a
-// transaction that commits only when it changed every row; otherwise it is
-// rolled back and each row runs alone in one transaction (allOrEach), so a
-// lost hold costs a second pass, never a wrong answer. A single row runs
-// alone, by rows affected.
-func (b *base) fencedWrite(ctx context.Context, on writer, w fencedWrite) ([]bool, error) {
-	p := b.plan
-	oneArgs := func(i int) []any { return append(append([]any{}, w.headArgs...), w.oneArgs(i)...) }
-	if len(w.ids) == 1 {
-		res, err := on.ExecContext(ctx, p.Rebind(w.head+" WHERE "+w.one), oneArgs(0)...)
-		if err != nil {
-			return nil, err
-		}
-		n, err := res.RowsAffected()
-		return []bool{n > 0}, err
-	}
-	cond, args := w.fence()
-	q := p.Rebind(w.head + " WHERE " + cond)
-	args = append(append([]any{}, w.headArgs...), args...)
-	if !w.returning {
-		hit, tx, err := b.allOrEach(ctx, on, len(w.ids), q, args, p.Rebind(w.head+" WHERE "+w.one), oneArgs)
-		if err != nil {
-			return nil, err
-		}
-		defer tx.Rollback() //nolint:errcheck // no-op after Commit
-		return hit, tx.Commit()
-	}
-	var q1 sqlx.QueryerContext = on
-	var tx *sqlx.Tx
-	if !p.Caps.ReturningAlone() {
-		var err error
-		if tx, err = on.BeginTxx(ctx, nil); err != nil {
-			return nil, err
-		}
-		defer tx.Rollback() //nolint:errcheck // no-op after Commit
-		q1 = tx
-	}
-	rows, err := q1.QueryxContext(ctx, q+" RETURNING "+p.QID, args...)
-	if err != nil {
-		return nil, err
-	}
-	got, err := readColumn(rows, len(w.ids))
-	if err != nil {
-		return nil, err
-	}
-	hit := make([]bool, len(w.ids))
-	if len(got) == len(w.ids) { // ids are distinct: every row matched
-		for i := range hit {
-			hit[i] = true
-		}
-	} else {
-		changed := make(map[string]bool, len(got))
-		for _, g := range got {
-			changed[idKey(g)] = true
-		}
-		for i, id := range w.ids {
-			hit[i] = changed[idKey(id)]
-		}
-	}
-	if tx != nil {
-		return hit, tx.Commit()
-	}
-	return hit, nil
 }
 
 // conflict marks err with core.ErrConflict when the dialect says the

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -212,14 +213,6 @@ func leaseFloorComplete(ctx context.Context, conn *sqlx.Conn, p *core.Plan, feat
 		tokens[i] = token
 	}
 	cond, args := p.Caps.Leaser.FenceLeases(p, ids, tokens)
-	return fencedDelete(ctx, conn, p, feats, cond, args, len(ids))
-}
-
-// fencedDelete deletes the rows that cond matches as the forms write their
-// fenced completions: with RETURNING where the dialect reports no
-// conflicts, one statement that commits itself; else in a transaction. It
-// fails unless it deleted n rows.
-func fencedDelete(ctx context.Context, conn *sqlx.Conn, p *core.Plan, feats core.Features, cond string, args []any, n int) error {
 	q := p.Rebind("DELETE FROM " + p.QTable + " WHERE " + cond)
 	// As the form writes it: with RETURNING where the dialect reports no
 	// conflicts, one statement that commits itself; else in a transaction.
@@ -236,28 +229,28 @@ func fencedDelete(ctx context.Context, conn *sqlx.Conn, p *core.Plan, feats core
 		defer tx.Rollback() //nolint:errcheck // no-op after Commit
 		on = tx
 	}
-	var got int64
+	var n int64
 	if feats.DeleteReturning {
 		rows, err := on.QueryxContext(ctx, q+" RETURNING "+p.QID, args...)
 		if err != nil {
 			return err
 		}
-		ids, err := idsOf(rows, p.ID)
+		got, err := idsOf(rows, p.ID)
 		if err != nil {
 			return err
 		}
-		got = int64(len(ids))
+		n = int64(len(got))
 	} else {
 		res, err := on.ExecContext(ctx, q, args...)
 		if err != nil {
 			return err
 		}
-		if got, err = res.RowsAffected(); err != nil {
+		if n, err = res.RowsAffected(); err != nil {
 			return err
 		}
 	}
-	if got != int64(n) {
-		return fmt.Errorf("the fenced completion matched %d of %d rows", got, n)
+	if n != int64(len(ids)) {
+		return fmt.Errorf("the fenced completion matched %d of %d rows", n, len(ids))
 	}
 	if tx != nil {
 		return tx.Commit()
@@ -548,10 +541,15 @@ func (k *advisoryFloor) claimAndComplete(ctx context.Context, conn *sqlx.Conn, w
 	}
 	if len(taken) > 0 {
 		// As the form writes its successes: on a connection of the pool
-		// (this loop's), fenced by the attempt the take counted.
+		// (this loop's), fenced by the attempt the take counted, in one
+		// statement that commits itself.
 		cond, args := p.AttemptFence(taken, attempts)
-		if err := fencedDelete(ctx, conn, p, p.Dialect.Features(), cond, args, len(taken)); err != nil {
+		res, err := conn.ExecContext(ctx, p.Rebind("DELETE FROM "+p.QTable+" WHERE "+cond), args...)
+		if err != nil {
 			return fmt.Errorf("complete: %w", err)
+		}
+		if n, err := res.RowsAffected(); err != nil || n != int64(len(taken)) {
+			return errors.Join(err, fmt.Errorf("complete: deleted %d of %d rows", n, len(taken)))
 		}
 		k.total.Add(int64(len(taken)))
 	}
