@@ -142,9 +142,10 @@ type AdvisoryLocker interface {
 	AdvisoryUnlocks(ctx context.Context, p *AdvisoryParams) error
 	// LockWaitLimit returns the statements that bound a session's row
 	// lock waits to about d (whole seconds) and restore the default, run
-	// when the key session is taken and given back, so a completion an
-	// application's transaction blocks fails alone. "", "": unbounded,
-	// and such a completion ends the key session.
+	// when the key session, or a connection the form writes successes on,
+	// is taken and given back, so a completion an application's
+	// transaction blocks fails alone. "", "": unbounded, and such a
+	// completion on the key session ends it.
 	LockWaitLimit(d time.Duration) (set, reset string)
 }
 
