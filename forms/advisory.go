@@ -44,6 +44,12 @@ func newAdvisory(b base) *advisory {
 	f := &advisory{base: b, held: map[string]bool{}, stop: make(chan struct{}), written: make(chan struct{})}
 	f.keys.f, f.writers.f = f, f
 	f.batch.flush = f.flush
+	if !f.beside() {
+		// Batches are written on the one key session, one after
+		// another: a second writer would only wait for it with a batch
+		// that could have grown meanwhile.
+		f.batch.most = 1
+	}
 	return f
 }
 
@@ -565,34 +571,36 @@ func (f *advisory) completeOne(ctx context.Context, q sqlx.ExecerContext, c *adv
 // ErrLeaseLost and changes nothing: the server dropped its key, and another
 // subscription may have taken the row.
 //
-// The successes are written in one statement on a connection of the pool
-// (succeedAll), fenced by the attempt each take counted: a row another
-// subscription took since (its key dropped with a session that ended while
-// the statement ran) has its attempt counted again and is not changed, so
-// no row is recorded finished twice. (Were that subscription's handler to
-// snooze the row within that statement's round trip, which takes the
-// count back, the success would still be written: a row both ran is then
-// finished.) The key session meanwhile tries the
-// keys of claims: a batch written on it kept every claim waiting for the
-// batch's commit (the tries of a claim waited 1 ms of its 6 at 1,000
-// handlers on PostgreSQL, docs/performance.md). The keys are released
-// only once the statement has returned: no row of a key starts while the
-// one before it may still be written. Its connection waits for row locks
+// The successes are written in one statement (succeedAll), fenced by the
+// attempt each take counted: a row another subscription took since (its
+// key dropped with a session that ended while the statement ran) has its
+// attempt counted again and is not changed, so no row is recorded
+// finished twice. (Were that subscription's handler to snooze the row
+// within that statement's round trip, which takes the count back, the
+// success would still be written: a row both ran is then finished.) Where
+// the database writes side by side (beside), the statement runs on a
+// connection of its own, and the key session meanwhile tries the keys of
+// claims: a batch written on it kept every claim waiting for the batch's
+// commit (the tries of a claim waited 1 ms of its 6 at 1,000 handlers on
+// PostgreSQL, docs/performance.md). That connection waits for row locks
 // no longer than the key session does (writers): a row an application's
 // transaction holds locked fails the batch's successes with the
 // statement's error (their rows, attempt counted, are claimable again),
-// and costs no other delivery.
+// and costs no other delivery. The keys are released only once the
+// statement has returned: no row of a key starts while the one before it
+// may still be written.
 //
 // Every other outcome is written alone on the key session, as the key's
 // holder: those statements do not change the attempt consistently enough
-// to fence by it (a snooze takes the count back). Each has holderTimeout
-// of its own (stmtCtx), and so does the ping that follows a failure: a
-// statement that failed by itself (a constraint, a row lock waited on for
-// longer than the session's limit, AdvisoryLocker.LockWaitLimit) costs
-// only its own deliveries. One that ran out of time costs the session:
-// lib/pq and go-sql-driver give up a connection whose statement they
-// cancel, so its keys go with it and every delivery it held is lost; the
-// rows come back with their attempt counted.
+// to fence by it (a snooze takes the count back). Each statement on the
+// session has holderTimeout of its own (stmtCtx), and so does the ping
+// that follows a failure: a statement that failed by itself (a
+// constraint, a row lock waited on for longer than the session's limit,
+// AdvisoryLocker.LockWaitLimit) costs only its own deliveries. One that
+// ran out of time costs the session: lib/pq and go-sql-driver give up a
+// connection whose statement they cancel, so its keys go with it and
+// every delivery it held is lost; the rows come back with their attempt
+// counted.
 func (f *advisory) flush(batch []*advisoryClaim) {
 	f.fmu.Lock()
 	f.writing++
@@ -628,6 +636,12 @@ func (f *advisory) flush(batch []*advisoryClaim) {
 		}
 		live = append(live, c)
 	}
+	beside := f.beside()
+	if len(wins) > 0 && !beside {
+		sctx, cancel := stmtCtx(ctx)
+		failed = f.succeedAll(sctx, h.sess, wins, won, errs) || failed
+		cancel()
+	}
 	// A statement that failed may have failed with the session: then its
 	// keys are gone, and so is every other delivery it held.
 	if failed {
@@ -638,18 +652,16 @@ func (f *advisory) flush(batch []*advisoryClaim) {
 		cancel()
 	}
 	h.mu.Unlock()
-	if len(wins) > 0 {
+	if len(wins) > 0 && beside {
 		sctx, cancel := stmtCtx(ctx)
-		hit, err := f.succeedAll(sctx, wins)
-		cancel()
-		for j, i := range won {
-			switch {
-			case err != nil:
+		if conn, err := f.writers.get(sctx); err != nil {
+			for _, i := range won {
 				errs[i] = err
-			case !hit[j]:
-				errs[i] = fmt.Errorf("%w: row %v was taken again (its attempt is no longer %d) after the session holding advisory key %q ended", core.ErrLeaseLost, wins[j].row.ID, wins[j].attempt, wins[j].key)
 			}
+		} else {
+			f.writers.put(conn, f.succeedAll(sctx, conn, wins, won, errs))
 		}
+		cancel()
 	}
 	h.mu.Lock()
 	h.release(ctx, live)
@@ -662,18 +674,27 @@ func (f *advisory) flush(batch []*advisoryClaim) {
 	}
 }
 
-// succeedAll completes the rows of claims as succeeded in one statement
-// that commits itself, deleted or marked done when the table has a DoneAt
-// column, each while its attempt is the one its take counted
-// (core.Plan.AttemptFence), and reports which rows it changed. Mostly it
-// changed every row, as its rows affected say, in one round trip; where it
-// changed fewer, they are read back: a row deleted, or marked done at the
-// statement's time with its attempt as counted. (A row another
-// subscription took, finished and deleted since would read as this one's:
-// finished once either way.) A statement that commits itself is safe on a
-// multi-primary cluster too: one that loses certification is run again by
-// the node whole (Galera's wsrep_retry_autocommit), or fails.
-func (f *advisory) succeedAll(ctx context.Context, claims []*advisoryClaim) ([]bool, error) {
+// beside reports whether successes are written beside the key session,
+// on connections of their own (writers): where the database writes side
+// by side (a row locker). Where it has one writer (SQLite), its writes
+// take turns whatever the connection, and successes are written on the
+// key session, one batch at a time (SQLite drained 6-26% slower at 1 to
+// 64 handlers with them beside it, docs/performance.md).
+func (f *advisory) beside() bool { return f.plan.Caps.RowLocker != nil }
+
+// succeedAll completes the rows of claims (the batch's at won) as
+// succeeded on conn in one statement that commits itself, deleted or
+// marked done when the table has a DoneAt column, each while its attempt
+// is the one its take counted (core.Plan.AttemptFence), and sets errs for
+// those it did not complete; it reports whether the statement failed.
+// Mostly it changed every row, as its rows affected say, in one round
+// trip; where it changed fewer, they are read back: a row deleted, or
+// marked done at the statement's time with its attempt as counted. (A row
+// another subscription took, finished and deleted since would read as
+// this one's: finished once either way.) A statement that commits itself
+// is safe on a multi-primary cluster too: one that loses certification is
+// run again by the node whole (Galera's wsrep_retry_autocommit), or fails.
+func (f *advisory) succeedAll(ctx context.Context, conn *sqlx.Conn, claims []*advisoryClaim, won []int, errs []error) bool {
 	p := f.plan
 	ids, attempts := make([]any, len(claims)), make([]any, len(claims))
 	for i, c := range claims {
@@ -686,12 +707,8 @@ func (f *advisory) succeedAll(ctx context.Context, claims []*advisoryClaim) ([]b
 		at = p.Time(core.Now())
 		head, args = "UPDATE "+p.QTable+" SET "+p.QDoneAt+" = ?", []any{at}
 	}
-	conn, err := f.writers.get(ctx)
-	if err != nil {
-		return nil, err
-	}
 	var n int64
-	err = f.retryConflicts(ctx, func() error {
+	err := f.retryConflicts(ctx, func() error {
 		res, err := conn.ExecContext(ctx, p.Rebind(head+" WHERE "+fence), append(args, fenceArgs...)...)
 		if err == nil {
 			n, err = res.RowsAffected()
@@ -701,16 +718,17 @@ func (f *advisory) succeedAll(ctx context.Context, claims []*advisoryClaim) ([]b
 	hit := make([]bool, len(claims))
 	if err == nil && n < int64(len(claims)) {
 		err = f.changed(ctx, conn, ids, attempts, at, hit)
-	} else {
-		for i := range hit {
-			hit[i] = true
+	}
+	for j, i := range won {
+		switch {
+		case err != nil:
+			errs[i] = fmt.Errorf("sqlxbroker: advisory completion (%d succeeded): %w", len(claims), err)
+		case n < int64(len(claims)) && !hit[j]:
+			c := claims[j]
+			errs[i] = fmt.Errorf("%w: row %v was taken again (its attempt is no longer %d) after the session holding advisory key %q ended", core.ErrLeaseLost, c.row.ID, c.attempt, c.key)
 		}
 	}
-	f.writers.put(conn, err != nil)
-	if err != nil {
-		return nil, fmt.Errorf("sqlxbroker: advisory completion (%d succeeded): %w", len(claims), err)
-	}
-	return hit, nil
+	return err != nil
 }
 
 // changed sets hit for the rows of ids that succeedAll changed: those
