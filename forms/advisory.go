@@ -717,7 +717,7 @@ func (f *advisory) succeedAll(ctx context.Context, conn *sqlx.Conn, claims []*ad
 	})
 	hit := make([]bool, len(claims))
 	if err == nil && n < int64(len(claims)) {
-		err = f.changed(ctx, conn, ids, attempts, at, hit)
+		err = f.changed(ctx, conn, ids, fence, fenceArgs, at, hit)
 	}
 	for j, i := range won {
 		switch {
@@ -732,14 +732,13 @@ func (f *advisory) succeedAll(ctx context.Context, conn *sqlx.Conn, claims []*ad
 }
 
 // changed sets hit for the rows of ids that succeedAll changed: those
-// gone, or, with a DoneAt column, marked done at at with their attempt as
-// counted.
-func (f *advisory) changed(ctx context.Context, q sqlx.QueryerContext, ids, attempts []any, at any, hit []bool) error {
+// gone, or, with a DoneAt column, marked done at at and still matching its
+// fence (their attempt as counted).
+func (f *advisory) changed(ctx context.Context, q sqlx.QueryerContext, ids []any, fence string, fenceArgs []any, at any, hit []bool) error {
 	p := f.plan
 	cond, args := p.Caps.MatchIDs(p, p.QID, ids)
 	if at != nil {
-		cond, args = p.AttemptFence(ids, attempts)
-		cond, args = "("+cond+") AND "+p.QDoneAt+" = ?", append(args, at)
+		cond, args = "("+fence+") AND "+p.QDoneAt+" = ?", append(append([]any{}, fenceArgs...), at)
 	}
 	rows, err := q.QueryxContext(ctx, p.Rebind("SELECT "+p.QID+" FROM "+p.QTable+" WHERE "+cond), args...)
 	if err != nil {

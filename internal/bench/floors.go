@@ -310,8 +310,9 @@ func columnsOf(rows *sqlx.Rows, names ...string) ([][]any, error) {
 // form's: TryFirstAdvisoryLocks wanting them all where the dialect has it,
 // else TryAdvisoryLocks), take the rows whose keys they got (the attempt
 // counted while still claimable, read back), then delete the taken rows
-// in one statement on the loop's connection, fenced by the attempts the
-// take counted (core.Plan.AttemptFence), and release their keys in one on
+// in one statement on the loop's connection (on the key session where the
+// database has one writer), fenced by the attempts the take counted
+// (core.Plan.AttemptFence), and release their keys in one on
 // the key session (AdvisoryUnlocks), as the form's completions do; in a
 // tight loop with no
 // engine, handler or broker in between. It returns the rate, the
@@ -539,12 +540,22 @@ func (k *advisoryFloor) claimAndComplete(ctx context.Context, conn *sqlx.Conn, w
 		}
 		taken, attempts = cols[0], cols[1]
 	}
+	onKey := p.Caps.RowLocker == nil // the deletes run on the key session
+	if onKey {
+		k.keyMu.Lock()
+		defer k.keyMu.Unlock()
+	}
 	if len(taken) > 0 {
-		// As the form writes its successes: on a connection of the pool
-		// (this loop's), fenced by the attempt the take counted, in one
-		// statement that commits itself.
+		// As the form writes its successes: fenced by the attempt the
+		// take counted, in one statement that commits itself, on a
+		// connection of the pool (this loop's) where the database writes
+		// side by side, else on the key session.
 		cond, args := p.AttemptFence(taken, attempts)
-		res, err := conn.ExecContext(ctx, p.Rebind("DELETE FROM "+p.QTable+" WHERE "+cond), args...)
+		var on sqlx.ExecerContext = conn
+		if onKey {
+			on = k.key
+		}
+		res, err := on.ExecContext(ctx, p.Rebind("DELETE FROM "+p.QTable+" WHERE "+cond), args...)
 		if err != nil {
 			return fmt.Errorf("complete: %w", err)
 		}
@@ -553,8 +564,10 @@ func (k *advisoryFloor) claimAndComplete(ctx context.Context, conn *sqlx.Conn, w
 		}
 		k.total.Add(int64(len(taken)))
 	}
-	k.keyMu.Lock()
-	defer k.keyMu.Unlock()
+	if !onKey {
+		k.keyMu.Lock()
+		defer k.keyMu.Unlock()
+	}
 	if len(locked) > 0 {
 		if err := al.AdvisoryUnlocks(ctx, &core.AdvisoryParams{Pool: k.pool, Conn: k.key, Keys: locked}); err != nil {
 			return fmt.Errorf("release keys: %w", err)
