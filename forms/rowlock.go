@@ -477,7 +477,8 @@ func (f *rowLock) popCandidates() []any {
 }
 
 // returnCandidates puts back the candidates of ids after got, the one
-// claimed: the statement did not try them.
+// claimed: the statement named them, but its LIMIT 1 ended before it
+// locked them or found them gone.
 func (f *rowLock) returnCandidates(ids []any, got any) {
 	k := idKey(got)
 	for i, id := range ids {
