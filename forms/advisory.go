@@ -664,7 +664,7 @@ func (f *advisory) flush(batch []*advisoryClaim) {
 		cancel()
 	}
 	h.mu.Lock()
-	h.release(ctx, live)
+	_ = h.park(ctx, live) // a failed release closes the session, which releases the keys
 	h.mu.Unlock()
 	for _, c := range batch {
 		f.drop(c.key)

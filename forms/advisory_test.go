@@ -247,3 +247,99 @@ func TestAdvisorySuccessFencedByAttempt(t *testing.T) {
 		})
 	}
 }
+
+// TestAdvisoryKeysParked: the key of a finished delivery stays on the key
+// session for the form's next claim, which takes the key's next row
+// without the key being free in between; another subscription passes
+// over that row meanwhile. A parked key no claim takes is released within
+// parkFor, and at once when the form closes.
+func TestAdvisoryKeysParked(t *testing.T) {
+	ctx := context.Background()
+	tables := []sqlxbroker.Table{{Name: "fx_parked_adv", AdvisoryLock: "acct-{account}"}}
+	for _, c := range formTables(t, tables, [2]string{"account", "text"}) {
+		t.Run(c.name, func(t *testing.T) {
+			db, b, tb := c.db, c.b, c.tb
+			for range 4 {
+				if err := b.Publish(ctx, db, tb, map[string]any{"account": "a"}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			claim := func(f core.ClaimForm, want int) []core.Claim {
+				t.Helper()
+				cs, err := f.Claim(ctx, 10)
+				if err != nil || len(cs) != want {
+					t.Fatalf("claimed %d rows (%v), want %d", len(cs), err, want)
+				}
+				return cs
+			}
+			complete := func(cs []core.Claim) {
+				t.Helper()
+				for _, c := range cs {
+					if err := conformance.Complete(ctx, c, sqlxbroker.Outcome{Kind: sqlxbroker.Succeeded}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+
+			forms.SetParkFor(t, time.Hour)
+			f1, f2 := conformance.StartForm(t, b, tb), conformance.StartForm(t, b, tb)
+			complete(claim(f1, 1))
+			claim(f2, 0)           // the key is parked on f1's session
+			complete(claim(f1, 1)) // f1 takes the key's next row
+			claim(f2, 0)
+			if err := f1.Close(); err != nil {
+				t.Fatal(err)
+			}
+			last := claim(f2, 1) // released as f1 closed
+			forms.SetParkFor(t, 10*time.Millisecond)
+			complete(last) // parked on f2's session, and no claim of f2's takes it
+			f3 := conformance.StartForm(t, b, tb)
+			conformance.WaitFor(t, 10*time.Second, "another form to claim the last row once the parked key is released", func() bool {
+				cs, err := f3.Claim(ctx, 10)
+				if err != nil {
+					t.Fatal(err)
+				}
+				complete(cs)
+				return len(cs) == 1
+			})
+		})
+	}
+}
+
+// TestAdvisoryParkedKeysTried: a claim's keys that are parked are taken
+// with no statement and count toward what it wants; its other keys are
+// tried. Where the parked keys alone are as many as it wants, the others
+// before the last of them are tried all the same (no key is passed over)
+// and what is locked beyond the want is parked, not lost: another
+// session cannot take it until it is released.
+func TestAdvisoryParkedKeysTried(t *testing.T) {
+	tables := []sqlxbroker.Table{{Name: "fx_parked_try", AdvisoryLock: "acct-{account}"}}
+	for _, c := range formTables(t, tables, [2]string{"account", "text"}) {
+		t.Run(c.name, func(t *testing.T) {
+			forms.SetParkFor(t, time.Hour)
+			f, other := conformance.StartForm(t, c.b, c.tb), conformance.StartForm(t, c.b, c.tb)
+			try := func(f core.ClaimForm, keys []string, want int, wantOK string, wantTried int) {
+				t.Helper()
+				ok, tried, err := forms.TryKeys(f, keys, want)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if fmt.Sprint(ok) != wantOK || tried != wantTried {
+					t.Errorf("try %v (want %d): took %v, tried %d; want %s, %d", keys, want, ok, tried, wantOK, wantTried)
+				}
+			}
+			try(f, []string{"pk-a", "pk-c"}, 0, "[true true]", 2)
+			forms.ParkKeys(f, "pk-a", "pk-c")
+			try(f, []string{"pk-x", "pk-a", "pk-y", "pk-c", "pk-z"}, 2, "[true true false false false]", 4)
+			if got := fmt.Sprint(forms.ParkedKeys(f)); got != "[pk-c pk-y]" {
+				t.Errorf("parked %s, want [pk-c pk-y]: pk-y was locked beyond the want", got)
+			}
+			try(other, []string{"pk-y", "pk-c", "pk-z"}, 0, "[false false true]", 3)
+			try(f, []string{"pk-c", "pk-w"}, 1, "[true false]", 1)
+			try(f, []string{"pk-w", "pk-y"}, 0, "[true true]", 2)
+			if got := forms.ParkedKeys(f); len(got) != 0 {
+				t.Errorf("parked %v, want none: every parked key was taken", got)
+			}
+		})
+	}
+}

@@ -1,6 +1,9 @@
 package forms
 
 import (
+	"context"
+	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -75,4 +78,43 @@ func CompleteTogether(f core.ClaimForm, cs []core.Claim, o core.Outcome) []error
 	}
 	a.flush(batch)
 	return errs
+}
+
+// SetParkFor sets how long an advisory form keeps the key of a finished
+// delivery for its next claims, until t ends.
+func SetParkFor(t testing.TB, d time.Duration) {
+	old := parkFor
+	t.Cleanup(func() { parkFor = old })
+	parkFor = d
+}
+
+// TryKeys tries keys on an advisory form's key session as its claims do,
+// with want as a claim's wave gives it, and returns which it took and how
+// many it tried.
+func TryKeys(f core.ClaimForm, keys []string, want int) ([]bool, int, error) {
+	ok, tried, _, err := unwrap(f).(*advisory).keys.try(context.Background(), keys, want)
+	return ok, tried, err
+}
+
+// ParkKeys parks keys that an advisory form's key session holds, as the
+// completions of their deliveries do.
+func ParkKeys(f core.ClaimForm, keys ...string) {
+	h := &unwrap(f).(*advisory).keys
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.parked == nil {
+		h.parked = map[string]struct{}{}
+	}
+	for _, k := range keys {
+		h.parked[k] = struct{}{}
+	}
+	h.sweepSoon()
+}
+
+// ParkedKeys lists the keys an advisory form has parked, sorted.
+func ParkedKeys(f core.ClaimForm) []string {
+	h := &unwrap(f).(*advisory).keys
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Sorted(maps.Keys(h.parked))
 }

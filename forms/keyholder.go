@@ -35,6 +35,13 @@ type keyHolder struct {
 	gen  *holding            // the deliveries of sess
 	held map[string]struct{} // keys sess holds (the form never tries a held key again)
 	used time.Time           // sess's last statement; with no key held, since when it is idle
+
+	// parked: keys sess holds whose deliveries are finished, kept for a
+	// claim that wants them again (park); a release of them is due
+	// (sweepDue) within parkFor.
+	parked   map[string]struct{}
+	sweepDue bool
+	closed   bool // the form closed: finished keys are released at once
 }
 
 // holderTimeout bounds each statement of the holder's session.
@@ -94,17 +101,84 @@ func (h *keyHolder) tryOn(ctx context.Context, keys []string, want int) ([]bool,
 	}
 	sctx, cancel := stmtCtx(ctx)
 	defer cancel()
-	ok, tried, err := h.lockKeys(sctx, h.sess, keys, want)
+	ok, tried, err := h.lockOrTakeParked(sctx, keys, want)
 	if err != nil {
 		h.fail()
 		return nil, 0, fmt.Errorf("sqlxbroker: try advisory locks (%d keys): %w", len(keys), err)
 	}
-	for i, b := range ok {
-		if b {
-			h.held[keys[i]] = struct{}{}
+	return ok, tried, nil
+}
+
+// lockOrTakeParked is lockKeys on the session, but a parked key (park) is
+// taken as it is, with no statement: the session holds it already. The
+// others are tried, with want less the parked ones. Where the parked keys
+// alone are as many as want, the keys up to the want-th of them count as
+// tried: the others among them are tried too, and of those locked beyond
+// want, the last are parked rather than taken. No key before the last one
+// tried is passed over, and no key locked is lost.
+func (h *keyHolder) lockOrTakeParked(ctx context.Context, keys []string, want int) ([]bool, int, error) {
+	ok := make([]bool, len(keys))
+	parked := 0
+	for i, k := range keys {
+		if _, p := h.parked[k]; p {
+			ok[i] = true
+			parked++
 		}
 	}
-	h.used = time.Now()
+	tried, w := len(keys), want
+	if want > 0 {
+		if parked >= want {
+			n := 0
+			for tried = 0; n < want; tried++ {
+				if ok[tried] {
+					n++
+				}
+			}
+			w = tried - want // every key of the prefix not parked
+		} else {
+			w = want - parked
+		}
+	}
+	rest, at := make([]string, 0, tried), make([]int, 0, tried)
+	for i, k := range keys[:tried] {
+		if !ok[i] {
+			rest, at = append(rest, k), append(at, i)
+		}
+	}
+	if len(rest) > 0 {
+		got, n, err := h.lockKeys(ctx, h.sess, rest, w)
+		if err != nil {
+			return nil, 0, err
+		}
+		h.used = time.Now()
+		for j, b := range got {
+			if b {
+				ok[at[j]] = true
+				h.held[rest[j]] = struct{}{}
+			}
+		}
+		if n < len(rest) {
+			tried = at[n]
+		}
+	}
+	taken := 0
+	for i, k := range keys {
+		switch {
+		case i >= tried:
+			ok[i] = false // untried: a parked key stays parked
+		case !ok[i]:
+		case want > 0 && taken == want:
+			ok[i] = false // locked beyond want: parked for the next claim
+			if h.parked == nil {
+				h.parked = map[string]struct{}{}
+			}
+			h.parked[k] = struct{}{}
+			h.sweepSoon()
+		default:
+			taken++
+			delete(h.parked, k)
+		}
+	}
 	return ok, tried, nil
 }
 
@@ -138,6 +212,11 @@ func (h *keyHolder) release(ctx context.Context, cs []*advisoryClaim) error {
 			keys = append(keys, c.key)
 		}
 	}
+	return h.releaseKeys(ctx, keys)
+}
+
+// releaseKeys unlocks keys, which the session holds, as release does.
+func (h *keyHolder) releaseKeys(ctx context.Context, keys []string) error {
 	if len(keys) == 0 {
 		return nil
 	}
@@ -153,6 +232,67 @@ func (h *keyHolder) release(ctx context.Context, cs []*advisoryClaim) error {
 		delete(h.held, k)
 	}
 	return nil
+}
+
+// parkFor is the longest the key of a finished delivery is kept on the
+// session for the form's next claims (park).
+var parkFor = 10 * time.Millisecond
+
+// park keeps the keys of finished deliveries cs (their completions
+// written) on the session, for a claim of a row of the same key, which
+// takes it with no statement (lockOrTakeParked); the keys no claim took
+// are released together within parkFor (sweep). Where keys are few
+// against the handlers, a key's next row is mostly read by one of the
+// next claims: the key is then neither released nor tried again, and
+// the keys of many batches are released in one statement (at 1,000
+// handlers over 1,000 keys on PostgreSQL, docs/performance.md). A key
+// parked counts as held: another session's claim passes over its rows
+// for at most parkFor longer than it did. After the form closed, keys
+// are released at once. The caller holds h.mu.
+func (h *keyHolder) park(ctx context.Context, cs []*advisoryClaim) error {
+	if h.closed || parkFor <= 0 {
+		return h.release(ctx, cs)
+	}
+	for _, c := range cs {
+		if h.sess != nil && c.gen == h.gen {
+			if h.parked == nil {
+				h.parked = map[string]struct{}{}
+			}
+			h.parked[c.key] = struct{}{}
+		}
+	}
+	h.sweepSoon()
+	return nil
+}
+
+// sweepSoon has the parked keys released within parkFor; the caller holds
+// h.mu.
+func (h *keyHolder) sweepSoon() {
+	if len(h.parked) > 0 && !h.sweepDue {
+		h.sweepDue = true
+		time.AfterFunc(parkFor, h.sweep)
+	}
+}
+
+// sweep releases the parked keys no claim took.
+func (h *keyHolder) sweep() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.sweepDue = false
+	_ = h.releaseParked(context.Background()) // a failure closes the session, which releases them
+}
+
+// releaseParked releases every parked key; the caller holds h.mu.
+func (h *keyHolder) releaseParked(ctx context.Context) error {
+	if len(h.parked) == 0 || h.sess == nil {
+		return nil
+	}
+	keys := make([]string, 0, len(h.parked))
+	for k := range h.parked {
+		keys = append(keys, k)
+	}
+	h.parked = nil
+	return h.releaseKeys(ctx, keys)
 }
 
 // pings checks the session every pingEvery while it holds keys and has run
@@ -207,13 +347,17 @@ func (h *keyHolder) fail() {
 		}
 		cancel()
 	}
-	h.sess, h.gen, h.held = nil, nil, nil
+	h.sess, h.gen, h.held, h.parked = nil, nil, nil, nil
 }
 
-// close gives back a session that holds no key when the form closes.
+// close releases the parked keys and gives back a session that holds no
+// other key when the form closes; keys finished later are released at
+// once.
 func (h *keyHolder) close() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.closed = true
+	_ = h.releaseParked(context.Background()) // a failure closes the session, which releases them
 	if h.sess != nil && len(h.held) == 0 {
 		h.giveBack()
 	}
@@ -223,7 +367,7 @@ func (h *keyHolder) close() {
 // wait limit reset; a session that cannot be reset is closed instead.
 func (h *keyHolder) giveBack() {
 	h.f.giveBack(h.sess)
-	h.sess, h.gen, h.held = nil, nil, nil
+	h.sess, h.gen, h.held, h.parked = nil, nil, nil, nil
 }
 
 // lockKeys tries keys on conn, in statements of up to batchKeys keys, and
