@@ -34,7 +34,8 @@ allows the form (row lock: claim, delete, commit per row over as many
 connections as handlers; lease: claims of half a batch and their fenced
 deletes, two at a time; advisory: candidates, keys tried and rows taken
 for half a batch, two at a time, deleted fenced by attempt and their
-keys released on one key session).
+keys parked on one key session for the next claims, the rest released
+together every 10 ms).
 
 --otel instruments the runs with package otelbroker (an OpenTelemetry SDK
 meter and tracer provider, every span sampled and dropped by a no-op

@@ -312,10 +312,11 @@ func columnsOf(rows *sqlx.Rows, names ...string) ([][]any, error) {
 // counted while still claimable, read back), then delete the taken rows
 // in one statement on the loop's connection (on the key session where the
 // database has one writer), fenced by the attempts the take counted
-// (core.Plan.AttemptFence), and release their keys in one on
-// the key session (AdvisoryUnlocks), as the form's completions do; in a
-// tight loop with no
-// engine, handler or broker in between. It returns the rate, the
+// (core.Plan.AttemptFence), and park their keys, as the form's
+// completions do: a parked key a later claim wants is taken with no
+// statement, and the others are released together (AdvisoryUnlocks on the
+// key session) once floorParkFor has passed since the last release; in a
+// tight loop with no engine, handler or broker in between. It returns the rate, the
 // connections used and the process's CPU time over the drain, the fill
 // left out.
 func AdvisoryFloor(ctx context.Context, c Config, db *sqlx.DB) (float64, int, time.Duration, error) {
@@ -342,9 +343,12 @@ func AdvisoryFloor(ctx context.Context, c Config, db *sqlx.DB) (float64, int, ti
 		}
 		defer keyConn.ExecContext(context.Background(), reset) //nolint:errcheck // the session closes next
 	}
-	k := &advisoryFloor{p: p, pool: pool, key: keyConn, size: floorClaimSize(c), held: map[string]bool{}}
+	k := &advisoryFloor{p: p, pool: pool, key: keyConn, size: floorClaimSize(c), held: map[string]bool{}, parked: map[string]struct{}{}}
 	loops := min(floorLoops, c.Concurrency)
 	elapsed, cpu, err := onConns(ctx, db, loops, k.loop)
+	if err == nil {
+		err = k.releaseParked(ctx)
+	}
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("bench: advisory floor: %w", err)
 	}
@@ -370,8 +374,10 @@ type advisoryFloor struct {
 	size  int
 	total atomic.Int64
 
-	keyMu sync.Mutex // the key session runs one statement at a time
-	key   *sqlx.Conn
+	keyMu  sync.Mutex // the key session runs one statement at a time
+	key    *sqlx.Conn
+	parked map[string]struct{} // keys of deleted rows, kept for the next claims
+	swept  time.Time           // when the parked keys were last released
 
 	mu   sync.Mutex
 	held map[string]bool // keys held or being tried
@@ -498,14 +504,13 @@ func (k *advisoryFloor) drop(keys []string) {
 // releases every key it took.
 func (k *advisoryFloor) claimAndComplete(ctx context.Context, conn *sqlx.Conn, want []floorCand) error {
 	p := k.p
-	al := p.Caps.AdvisoryLocker
 	keys := make([]string, len(want))
 	for i, cd := range want {
 		keys[i] = cd.key
 	}
 	defer k.drop(keys)
 	k.keyMu.Lock()
-	ok, err := k.try(ctx, keys)
+	ok, err := k.tryOrTakeParked(ctx, keys)
 	k.keyMu.Unlock()
 	if err != nil {
 		return fmt.Errorf("try keys: %w", err)
@@ -568,12 +573,70 @@ func (k *advisoryFloor) claimAndComplete(ctx context.Context, conn *sqlx.Conn, w
 		k.keyMu.Lock()
 		defer k.keyMu.Unlock()
 	}
-	if len(locked) > 0 {
-		if err := al.AdvisoryUnlocks(ctx, &core.AdvisoryParams{Pool: k.pool, Conn: k.key, Keys: locked}); err != nil {
+	// As the form's completions do: the keys are parked for the next
+	// claims, and those no claim took are released together once
+	// floorParkFor has passed since the last release.
+	for _, key := range locked {
+		k.parked[key] = struct{}{}
+	}
+	if time.Since(k.swept) >= floorParkFor {
+		return k.releaseParked(ctx)
+	}
+	return nil
+}
+
+// floorParkFor is how long the advisory form parks the keys of finished
+// deliveries at most (forms/keyholder.go, parkFor).
+const floorParkFor = 10 * time.Millisecond
+
+// releaseParked releases the parked keys, with keyMu held.
+func (k *advisoryFloor) releaseParked(ctx context.Context) error {
+	k.swept = time.Now()
+	if len(k.parked) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, len(k.parked))
+	for key := range k.parked {
+		keys = append(keys, key)
+	}
+	clear(k.parked)
+	for i := 0; i < len(keys); i += floorBatchKeys {
+		if err := k.p.Caps.AdvisoryLocker.AdvisoryUnlocks(ctx, &core.AdvisoryParams{Pool: k.pool, Conn: k.key, Keys: keys[i:min(i+floorBatchKeys, len(keys))]}); err != nil {
 			return fmt.Errorf("release keys: %w", err)
 		}
 	}
 	return nil
+}
+
+// floorBatchKeys is the most keys one statement releases (the form's
+// batchKeys).
+const floorBatchKeys = 500
+
+// tryOrTakeParked takes the keys of keys that are parked with no
+// statement and tries the others, as the form's claims do.
+func (k *advisoryFloor) tryOrTakeParked(ctx context.Context, keys []string) ([]bool, error) {
+	ok := make([]bool, len(keys))
+	var rest []string
+	var at []int
+	for i, key := range keys {
+		if _, p := k.parked[key]; p {
+			ok[i] = true
+			delete(k.parked, key)
+		} else {
+			rest, at = append(rest, key), append(at, i)
+		}
+	}
+	if len(rest) == 0 {
+		return ok, nil
+	}
+	got, err := k.try(ctx, rest)
+	if err != nil {
+		return nil, err
+	}
+	for j, b := range got {
+		ok[at[j]] = b
+	}
+	return ok, nil
 }
 
 // try tries every key of keys on the key session with the statement the
