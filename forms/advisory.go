@@ -18,7 +18,8 @@ import (
 // without waiting on the session that holds the form's keys (keyHolder); the
 // rows are taken (attempt counted) while still claimable; the handler runs
 // with the key locked; completions are written in batches, successes
-// fenced by the attempt their take counted, then their keys are released.
+// fenced by the attempt their take counted, then their keys are parked for
+// the next claims and released within parkFor (keyHolder.park).
 // No transaction stays open, and deliveries hold no connection: one
 // session holds the keys of all of them.
 type advisory struct {
@@ -203,7 +204,7 @@ const batchWait = 20 * time.Millisecond
 
 // awaitBatch waits, for at most batchWait, for a completion batch being
 // written to end: the handlers that freed the claim's places have their
-// keys released with it, and their keys' next rows are what the claim
+// keys parked with it (keyHolder.park), and their keys' next rows are what the claim
 // reads first (a claim that ran meanwhile would find those keys held and
 // read page after page for little).
 func (f *advisory) awaitBatch(ctx context.Context) {
@@ -546,7 +547,7 @@ func (c *advisoryClaim) lost(o core.Outcome) error {
 
 // Complete queues the completion (batcher) and returns at once:
 // completions that queue while a batch is written go together in the next
-// (flush), which records o and then releases the key, so completions use
+// (flush), which records o and then parks the key, so completions use
 // no more connections than flushers whatever the concurrency. When the
 // session holding the key ended first, another claim may already have the
 // row: the completion changes nothing and done gets core.ErrLeaseLost (the
@@ -566,8 +567,8 @@ func (f *advisory) completeOne(ctx context.Context, q sqlx.ExecerContext, c *adv
 	return nil
 }
 
-// flush records a batch, then releases its keys on the key session and
-// answers each claim. A claim whose session ended is answered with
+// flush records a batch, then parks its keys on the key session for the
+// next claims (keyHolder.park) and answers each claim. A claim whose session ended is answered with
 // ErrLeaseLost and changes nothing: the server dropped its key, and another
 // subscription may have taken the row.
 //
@@ -586,9 +587,9 @@ func (f *advisory) completeOne(ctx context.Context, q sqlx.ExecerContext, c *adv
 // no longer than the key session does (writers): a row an application's
 // transaction holds locked fails the batch's successes with the
 // statement's error (their rows, attempt counted, are claimable again),
-// and costs no other delivery. The keys are released only once the
-// statement has returned: no row of a key starts while the one before it
-// may still be written.
+// and costs no other delivery. The keys are parked (and so may be
+// released) only once the statement has returned: no row of a key starts
+// while the one before it may still be written.
 //
 // Every other outcome is written alone on the key session, as the key's
 // holder: those statements do not change the attempt consistently enough

@@ -15,10 +15,11 @@ import (
 // connection, taken from the pool when a key is tried while none is kept,
 // and given back once it has held no key for keepFor (or the form closes).
 // A claim's keys are tried in one statement (core.AdvisoryLocker); a
-// completion batch's keys are released in one statement once the batch is
-// written (advisory.flush: its successes on another connection, fenced by
-// attempt, every other outcome on the session), as are the keys of rows a
-// claim did not take (unlock).
+// completion batch's keys are parked once the batch is written
+// (advisory.flush: its successes on another connection, fenced by
+// attempt, every other outcome on the session), for a claim that wants
+// them again, and released together within parkFor (park); the keys of
+// rows a claim did not take are released at once (unlock).
 //
 // Its statements run without the caller's cancellation (a stopping
 // subscription must not lose the keys of the deliveries in work) but with
