@@ -204,9 +204,9 @@ const batchWait = 20 * time.Millisecond
 
 // awaitBatch waits, for at most batchWait, for a completion batch being
 // written to end: the handlers that freed the claim's places have their
-// keys parked with it (keyHolder.park), and their keys' next rows are what the claim
-// reads first (a claim that ran meanwhile would find those keys held and
-// read page after page for little).
+// keys parked with it (keyHolder.park), and their keys' next rows are
+// what the claim reads first (a claim that ran meanwhile would find those
+// keys held and read page after page for little).
 func (f *advisory) awaitBatch(ctx context.Context) {
 	var t *time.Timer
 	for {
@@ -568,9 +568,9 @@ func (f *advisory) completeOne(ctx context.Context, q sqlx.ExecerContext, c *adv
 }
 
 // flush records a batch, then parks its keys on the key session for the
-// next claims (keyHolder.park) and answers each claim. A claim whose session ended is answered with
-// ErrLeaseLost and changes nothing: the server dropped its key, and another
-// subscription may have taken the row.
+// next claims (keyHolder.park) and answers each claim. A claim whose
+// session ended is answered with ErrLeaseLost and changes nothing: the
+// server dropped its key, and another subscription may have taken the row.
 //
 // The successes are written in one statement (succeedAll), fenced by the
 // attempt each take counted: a row another subscription took since (its
