@@ -316,9 +316,9 @@ func columnsOf(rows *sqlx.Rows, names ...string) ([][]any, error) {
 // completions do: a parked key a later claim wants is taken with no
 // statement, and the others are released together (AdvisoryUnlocks on the
 // key session) once floorParkFor has passed since the last release; in a
-// tight loop with no engine, handler or broker in between. It returns the rate, the
-// connections used and the process's CPU time over the drain, the fill
-// left out.
+// tight loop with no engine, handler or broker in between. It returns the
+// rate, the connections used and the process's CPU time over the drain,
+// the fill left out.
 func AdvisoryFloor(ctx context.Context, c Config, db *sqlx.DB) (float64, int, time.Duration, error) {
 	if err := c.defaults(); err != nil {
 		return 0, 0, 0, err
@@ -499,9 +499,9 @@ func (k *advisoryFloor) drop(keys []string) {
 	k.mu.Unlock()
 }
 
-// claimAndComplete tries the keys of want, takes the rows of those it got,
-// deletes them (fenced by attempt, as the form's successes are) and
-// releases every key it took.
+// claimAndComplete tries the keys of want (taking parked ones as they
+// are), takes the rows of those it got, deletes them (fenced by attempt,
+// as the form's successes are) and parks every key it took.
 func (k *advisoryFloor) claimAndComplete(ctx context.Context, conn *sqlx.Conn, want []floorCand) error {
 	p := k.p
 	keys := make([]string, len(want))
