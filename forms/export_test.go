@@ -102,13 +102,9 @@ func ParkKeys(f core.ClaimForm, keys ...string) {
 	h := &unwrap(f).(*advisory).keys
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.parked == nil {
-		h.parked = map[string]struct{}{}
-	}
 	for _, k := range keys {
-		h.parked[k] = struct{}{}
+		h.parkKey(k)
 	}
-	h.sweepSoon()
 }
 
 // ParkedKeys lists the keys an advisory form has parked, sorted.

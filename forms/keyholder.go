@@ -170,11 +170,7 @@ func (h *keyHolder) lockOrTakeParked(ctx context.Context, keys []string, want in
 		case !ok[i]:
 		case want > 0 && taken == want:
 			ok[i] = false // locked beyond want: parked for the next claim
-			if h.parked == nil {
-				h.parked = map[string]struct{}{}
-			}
-			h.parked[k] = struct{}{}
-			h.sweepSoon()
+			h.parkKey(k)
 		default:
 			taken++
 			delete(h.parked, k)
@@ -256,14 +252,20 @@ func (h *keyHolder) park(ctx context.Context, cs []*advisoryClaim) error {
 	}
 	for _, c := range cs {
 		if h.sess != nil && c.gen == h.gen {
-			if h.parked == nil {
-				h.parked = map[string]struct{}{}
-			}
-			h.parked[c.key] = struct{}{}
+			h.parkKey(c.key)
 		}
 	}
-	h.sweepSoon()
 	return nil
+}
+
+// parkKey parks key, which the session holds, and has it released within
+// parkFor unless a claim takes it; the caller holds h.mu.
+func (h *keyHolder) parkKey(key string) {
+	if h.parked == nil {
+		h.parked = map[string]struct{}{}
+	}
+	h.parked[key] = struct{}{}
+	h.sweepSoon()
 }
 
 // sweepSoon has the parked keys released within parkFor; the caller holds
